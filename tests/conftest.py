@@ -1,0 +1,23 @@
+"""Shared test helpers: where things are, and loading the role's modules as plain Python."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+NVIDIA_SMI_FIXTURES = FIXTURES / "nvidia-smi"
+FAKE_NVIDIA_SMI = ROOT / "tests" / "fake_nvidia_smi.py"
+
+
+def load_module(path: Path) -> ModuleType:
+    """Import an Ansible module file (roles/*/library/*.py) so its functions can be tested."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
