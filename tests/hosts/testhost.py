@@ -11,6 +11,7 @@ demo both use this one tool.
     python tests/hosts/testhost.py up NAME [NAME]  # boot hosts; prints their connection JSON
     python tests/hosts/testhost.py down NAME|--all # stop, and check nothing is left behind
     python tests/hosts/testhost.py list
+    python tests/hosts/testhost.py wheelhouse REQ...  # offline wheels for the hosts (cached)
 
 Needs root, debootstrap, systemd-container and iproute2 (scripts/bootstrap.sh installs them).
 """
@@ -36,7 +37,7 @@ from typing import Any
 LOG = logging.getLogger("testhost")
 SUITE = "bookworm"
 MIRROR = os.environ.get("TESTHOST_MIRROR", "http://deb.debian.org/debian")
-PACKAGES = "systemd,systemd-sysv,dbus,openssh-server,python3,python3-venv,iproute2,sudo,ca-certificates,procps"
+PACKAGES = "systemd,systemd-sysv,dbus,openssh-server,python3,python3-venv,iproute2,sudo,ca-certificates,procps,libnuma1,curl,python3-packaging,python3-apt,g++,python3-dev"
 CACHE = Path(os.environ.get("TESTHOST_CACHE", "/var/cache/eagle3-testhosts"))
 STATE = Path(os.environ.get("TESTHOST_STATE", "/var/lib/eagle3-testhosts"))
 SUBNET = "10.213"  # host N: controller side 10.213.N.1, host side 10.213.N.2 (/30)
@@ -73,6 +74,23 @@ def base_rootfs() -> Path:
     for key in (tmp / "etc/ssh").glob("ssh_host_*"):
         key.unlink()  # each host gets its own keys
     (tmp / ".complete").write_text(recipe + "\n")
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    return path
+
+
+def wheelhouse(requirements: list[str]) -> Path:
+    """A directory of wheels for ``requirements`` and everything they need (cached), for hosts
+    that install offline, as air-gapped clusters do."""
+    key = hashlib.sha256("\n".join(sorted(requirements)).encode()).hexdigest()[:10]
+    path = CACHE / f"wheelhouse-{key}"
+    if (path / ".complete").exists():
+        return path
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    LOG.info("downloading wheels for %s into %s (cached for later runs)", " ".join(requirements), path)
+    run(sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(tmp), *requirements)
+    (tmp / ".complete").write_text("\n".join(requirements) + "\n")
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
     return path
@@ -116,8 +134,12 @@ def connection(info: dict[str, Any], created: bool) -> dict[str, Any]:
     }
 
 
-def up(name: str) -> dict[str, Any]:
-    """Boot host NAME (or return the running one) and wait until systemd and sshd are up."""
+def up(name: str, bind_ro: list[str] = ()) -> dict[str, Any]:
+    """Boot host NAME (or return the running one) and wait until systemd and sshd are up.
+
+    ``bind_ro`` entries are ``SRC[:DST]`` directories of this machine shown read-only inside
+    the host (a wheelhouse, a model), as a shared file system would be on a cluster.
+    """
     with locked():
         known = hosts()
         if name in known and alive(known[name]["pid"]):
@@ -156,6 +178,7 @@ def up(name: str) -> dict[str, Any]:
             [
                 "systemd-nspawn", "--boot", "--register=no", "--keep-unit", f"--directory={rootfs}",
                 f"--machine={name}", f"--network-namespace-path=/run/netns/{netns}", "--console=passive",
+                *(f"--bind-ro={spec}" for spec in bind_ro),
             ],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
@@ -244,10 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("base", help="build or reuse the cached Debian rootfs")
     p_up = sub.add_parser("up", help="boot hosts and print their connection details as JSON")
     p_up.add_argument("names", nargs="+")
+    p_up.add_argument("--bind-ro", action="append", default=[], metavar="SRC[:DST]", help="read-only bind mount")
     p_down = sub.add_parser("down", help="stop hosts and check nothing is left behind")
     p_down.add_argument("names", nargs="*")
     p_down.add_argument("--all", action="store_true")
     sub.add_parser("list", help="print known hosts as JSON")
+    p_wh = sub.add_parser("wheelhouse", help="download wheels for requirements (cached); print the directory")
+    p_wh.add_argument("requirements", nargs="+")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s testhost %(levelname)s %(message)s", stream=sys.stderr)
 
@@ -256,9 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "base":
         print(base_rootfs())
     elif args.command == "up":
-        print(json.dumps([up(name) for name in args.names], indent=2))
+        print(json.dumps([up(name, args.bind_ro) for name in args.names], indent=2))
     elif args.command == "down":
         return down(sorted(hosts()) if args.all else args.names)
+    elif args.command == "wheelhouse":
+        print(wheelhouse(args.requirements))
     elif args.command == "list":
         print(json.dumps(hosts(), indent=2))
     return 0

@@ -1,0 +1,199 @@
+"""Build the built-in tiny target: a random-init Llama with a BPE tokenizer trained here.
+
+Nothing loads from a hub on test machines, so the project makes its own target model:
+hidden 256, 4 heads of head_dim 64 (vLLM's CPU attention needs head_dim >= 32), a byte-level
+BPE tokenizer trained on a built-in corpus, and a chat template that opens the assistant turn
+with ``<think>`` and renders earlier reasoning as ``<think>…</think>`` (so a reasoning parser
+has something to split).
+
+    python -m jobs.tiny_model --out /srv/models/tiny-llama
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+from pathlib import Path
+
+LOG = logging.getLogger("jobs.tiny_model")
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' and message.get('reasoning_content') %}"
+    "{{ '<think>\\n' + message['reasoning_content'] + '\\n</think>\\n' }}"
+    "{% endif %}"
+    "{{ message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
+)
+WORDS = [
+    "the",
+    "a",
+    "model",
+    "token",
+    "draft",
+    "target",
+    "speculative",
+    "decoding",
+    "accept",
+    "reject",
+    "layer",
+    "hidden",
+    "state",
+    "attention",
+    "head",
+    "vocabulary",
+    "train",
+    "step",
+    "loss",
+    "batch",
+    "sequence",
+    "prompt",
+    "answer",
+    "question",
+    "reason",
+    "think",
+    "because",
+    "therefore",
+    "first",
+    "then",
+    "finally",
+    "number",
+    "add",
+    "multiply",
+    "divide",
+    "sum",
+    "value",
+    "result",
+    "python",
+    "function",
+    "return",
+    "list",
+    "dict",
+    "string",
+    "integer",
+    "float",
+    "loop",
+    "while",
+    "for",
+    "if",
+    "else",
+    "class",
+    "server",
+    "request",
+    "response",
+    "latency",
+    "throughput",
+    "memory",
+    "disk",
+    "cache",
+    "shard",
+    "rank",
+    "world",
+    "gpu",
+    "cpu",
+]
+
+
+def corpus(lines: int, seed: int) -> list[str]:
+    """Deterministic text for tokenizer training: word salad plus arithmetic and code shapes."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(lines):
+        kind = i % 3
+        if kind == 0:
+            out.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 20))) + ".")
+        elif kind == 1:
+            a, b = rng.randint(0, 999), rng.randint(0, 999)
+            out.append(f"What is {a} plus {b}? First add {a} and {b}, therefore the sum is {a + b}.")
+        else:
+            name = "_".join(rng.sample(WORDS, 2))
+            out.append(f"def {name}(x):\n    return [v * {rng.randint(2, 9)} for v in x]\n")
+    return out
+
+
+def build_tokenizer(out: Path, vocab_size: int, seed: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(corpus(20000, seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+
+def build_model(out: Path, vocab_size: int, layers: int, seed: int) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=4096,
+        bos_token_id=0,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 0}, indent=2) + "\n"
+    )
+
+
+def build(out: Path, vocab_size: int = 2048, layers: int = 4, seed: int = 0) -> Path:
+    """Write the tiny target into ``out`` (skipped when a complete one is already there)."""
+    marker = out / ".tiny-model.json"
+    recipe = {"vocab_size": vocab_size, "layers": layers, "seed": seed, "version": 1}
+    if marker.exists() and json.loads(marker.read_text()) == recipe:
+        LOG.info("tiny model already at %s", out)
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out, vocab_size, seed)
+    build_model(out, vocab_size, layers, seed)
+    marker.write_text(json.dumps(recipe) + "\n")
+    LOG.info("tiny model written to %s", out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="directory to write the model into")
+    parser.add_argument("--vocab-size", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    build(args.out, args.vocab_size, args.layers, args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+#!/usr/bin/python
+"""Wait for a vLLM server unit to answer, failing at once if the unit dies while loading."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_server_wait
+short_description: Wait until a vLLM systemd unit serves its model, or fail fast with its journal
+description:
+  - Polls C(/health), then C(/v1/models) until the served model name is listed.
+  - On every poll it also reads the unit's state from systemd. If the unit stopped, failed,
+    or restarted since the wait began, the model load died; the module fails at once with the
+    last journal lines instead of waiting out the timeout.
+  - Reads only; supports check mode (where it does not wait).
+options:
+  unit:
+    description: The systemd unit, e.g. C(vllm-gen.service).
+    type: str
+    required: true
+  url:
+    description: Base URL of the server, e.g. C(http://127.0.0.1:8000).
+    type: str
+    required: true
+  served_model_name:
+    description: The name C(/v1/models) must list.
+    type: str
+    required: true
+  timeout:
+    description: Seconds to wait for the model to load.
+    type: int
+    default: 2400
+  interval:
+    description: Seconds between polls.
+    type: float
+    default: 5
+  journal_lines:
+    description: Journal lines to return when the unit died or the wait timed out.
+    type: int
+    default: 60
+author: eagle3-pipeline
+"""
+
+EXAMPLES = r"""
+- name: Wait for the generation server
+  vllm_server_wait:
+    unit: vllm-gen.service
+    url: http://127.0.0.1:8000
+    served_model_name: kimi-k2.5
+    timeout: 2400
+"""
+
+RETURN = r"""
+main_pid:
+  description: PID of the server process once it answered.
+  type: int
+  returned: success
+waited_s:
+  description: Seconds spent waiting.
+  type: float
+  returned: always
+models:
+  description: Model ids C(/v1/models) listed.
+  type: list
+  returned: success
+journal:
+  description: Last journal lines of the unit (on failure).
+  type: list
+  returned: failure
+"""
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+DEAD_STATES = {"failed", "inactive", "deactivating"}
+
+
+def unit_state(unit: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["systemctl", "show", unit, "--property=ActiveState,SubState,Result,NRestarts,MainPID"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def journal(unit: str, lines: int) -> list[str]:
+    cmd = ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+    return out.splitlines()
+
+
+def get_json(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = response.read()
+            return response.status, json.loads(body) if body else None
+    except urllib.error.HTTPError as err:
+        return err.code, None
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0, None
+
+
+def died(start: dict[str, str], now: dict[str, str]) -> str | None:
+    """Why the unit is no longer the process that was loading, or None while it still is."""
+    if now.get("ActiveState") in DEAD_STATES:
+        return f"unit is {now.get('ActiveState')} ({now.get('SubState')}, result {now.get('Result')})"
+    if now.get("SubState") == "auto-restart":
+        return f"unit exited and is waiting to restart (result {now.get('Result')})"
+    if now.get("NRestarts", "0") != start.get("NRestarts", "0"):
+        return f"unit restarted {now.get('NRestarts')} times (result {now.get('Result')})"
+    if start.get("MainPID") not in (None, "0") and now.get("MainPID") != start.get("MainPID"):
+        return f"server process changed from pid {start.get('MainPID')} to {now.get('MainPID')}"
+    return None
+
+
+def wait(params: dict[str, Any]) -> dict[str, Any]:
+    unit, base = params["unit"], params["url"].rstrip("/")
+    began = time.monotonic()
+    start = unit_state(unit)
+    result: dict[str, Any] = {"unit": unit, "url": base}
+    while True:
+        now = unit_state(unit)
+        reason = died(start, now)
+        if reason:
+            result.update(
+                failed=True,
+                msg=f"{unit} died while loading the model: {reason}. Last journal lines follow.",
+                journal=journal(unit, params["journal_lines"]),
+            )
+            break
+        status, _ = get_json(f"{base}/health")
+        if status == 200:
+            status, body = get_json(f"{base}/v1/models")
+            models = [m.get("id") for m in (body or {}).get("data", [])]
+            if status == 200 and params["served_model_name"] in models:
+                result.update(main_pid=int(now.get("MainPID", "0")), models=models)
+                break
+        if time.monotonic() - began > params["timeout"]:
+            result.update(
+                failed=True,
+                msg=(
+                    f"{unit} is still running but did not serve {params['served_model_name']!r} at {base} "
+                    f"within {params['timeout']} s (raise vllm_server_health_timeout for slower loads)."
+                ),
+                journal=journal(unit, params["journal_lines"]),
+            )
+            break
+        time.sleep(params["interval"])
+    result["waited_s"] = round(time.monotonic() - began, 1)
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "unit": {"type": "str", "required": True},
+            "url": {"type": "str", "required": True},
+            "served_model_name": {"type": "str", "required": True},
+            "timeout": {"type": "int", "default": 2400},
+            "interval": {"type": "float", "default": 5},
+            "journal_lines": {"type": "int", "default": 60},
+        },
+        supports_check_mode=True,
+    )
+    if module.check_mode:
+        module.exit_json(changed=False, skipped=True, msg="check mode: not waiting for the server")
+    result = wait(module.params)
+    if result.get("failed"):
+        result.pop("failed")
+        module.fail_json(**result)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

