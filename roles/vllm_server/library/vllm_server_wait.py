@@ -67,9 +67,14 @@ journal:
   description: Last journal lines of the unit (on failure).
   type: list
   returned: failure
+errors:
+  description: Distinct error lines from the unit's recent journal (when it died).
+  type: list
+  returned: failure
 """
 
 import json
+import re
 import subprocess
 import time
 import urllib.error
@@ -83,7 +88,7 @@ DEAD_STATES = {"failed", "inactive", "deactivating"}
 
 def unit_state(unit: str) -> dict[str, str]:
     out = subprocess.run(
-        ["systemctl", "show", unit, "--property=ActiveState,SubState,Result,NRestarts,MainPID"],
+        ["systemctl", "show", unit, "--property=ActiveState,SubState,Result,NRestarts,MainPID,InvocationID"],
         capture_output=True,
         text=True,
         check=False,
@@ -95,6 +100,27 @@ def journal(unit: str, lines: int) -> list[str]:
     cmd = ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
     return out.splitlines()
+
+
+ERROR_LINE = re.compile(r"\b\w*(Error|Exception)\b:|\bERROR\b")
+
+
+def error_lines(lines: list[str], limit: int = 12) -> list[str]:
+    """The distinct error lines of a journal, first first: the root cause of a failed load is
+    usually far above the tail, under the API server's own traceback."""
+    found: list[str] = []
+    for line in lines:
+        text = re.sub(r"^\(\w+ pid=\d+\) ERROR \S+ \S+ \[[^]]+\] ", "", line).strip()
+        if ERROR_LINE.search(line) and not text.startswith(("Traceback", "File ")) and text not in found:
+            found.append(text)
+    return found[:limit]
+
+
+def invocation_journal(unit: str, invocation: str) -> list[str]:
+    """Everything the unit's last start logged (the whole of it, not just the tail)."""
+    match = f"_SYSTEMD_INVOCATION_ID={invocation}" if invocation else f"--unit={unit}"
+    cmd = ["journalctl", "--no-pager", "-o", "cat", "-n", "5000", match]
+    return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.splitlines()
 
 
 def get_json(url: str) -> tuple[int, Any]:
@@ -130,9 +156,12 @@ def wait(params: dict[str, Any]) -> dict[str, Any]:
         now = unit_state(unit)
         reason = died(start, now)
         if reason:
+            errors = error_lines(invocation_journal(unit, now.get("InvocationID", "")))
+            cause = f" First error: {errors[0]}" if errors else ""
             result.update(
                 failed=True,
-                msg=f"{unit} died while loading the model: {reason}. Last journal lines follow.",
+                msg=f"{unit} died while loading the model: {reason}.{cause} Error lines and journal tail follow.",
+                errors=errors,
                 journal=journal(unit, params["journal_lines"]),
             )
             break
