@@ -179,6 +179,8 @@ def build(out: Path, vocab_size: int = 2048, layers: int = 4, seed: int = 0) -> 
     build_tokenizer(out, vocab_size, seed)
     build_model(out, vocab_size, layers, seed)
     marker.write_text(json.dumps(recipe) + "\n")
+    for path in out.iterdir():
+        path.chmod(0o644)  # save_pretrained writes 0600; the server runs as another user
     LOG.info("tiny model written to %s", out)
     return out
 
