@@ -29,7 +29,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,34 +309,22 @@ class Generator:
         self.stats.reasoning_rows += bool(row["reasoning"])
         self.stats.truncated += row["finish_reason"] == "length"
 
-    async def run(self, questions: AsyncIterator[Question] | Iterator[Question]) -> None:
-        queue: asyncio.Queue[Question | None] = asyncio.Queue(maxsize=self.s.concurrency * 2)
+    async def run(self, questions: Iterator[Question]) -> None:
+        """Ask every question, ``concurrency`` at a time; the first fatal error stops them all."""
 
         async def worker() -> None:
-            while (question := await queue.get()) is not None:
+            # One event loop: the workers take turns on the shared iterator, each question once.
+            for question in questions:
                 await self.ask(question)
 
         workers = [asyncio.create_task(worker()) for _ in range(self.s.concurrency)]
         progress = asyncio.create_task(self.report())
         try:
-            for question in questions:
-                while queue.full():
-                    await asyncio.sleep(0.01)
-                    self.raise_if_worker_failed(workers)
-                await queue.put(question)
-            for _ in workers:
-                await queue.put(None)
             await asyncio.gather(*workers)
         finally:
             for task in [*workers, progress]:
                 task.cancel()
             await self.client.aclose()
-
-    @staticmethod
-    def raise_if_worker_failed(workers: list[asyncio.Task[None]]) -> None:
-        for task in workers:
-            if task.done() and not task.cancelled() and task.exception():
-                raise task.exception()  # type: ignore[misc]
 
     async def report(self) -> None:
         while True:
