@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -57,43 +57,46 @@ def locked() -> Iterator[None]:
         yield
 
 
-def base_rootfs() -> Path:
-    """The cached Debian rootfs, built with debootstrap on first use (about a minute)."""
-    recipe = f"{SUITE}|{PACKAGES}|minbase|v1"
-    path = CACHE / f"{SUITE}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
+def cached(path: Path, recipe: str, build: Callable[[Path], None]) -> Path:
+    """``path``, built once by ``build(tmp)`` into a temporary directory and renamed into place,
+    so an interrupted build is never taken for a finished one."""
     if (path / ".complete").exists():
         return path
-    for tool in ("debootstrap", "systemd-nspawn", "ip", "ssh-keygen"):
-        if not shutil.which(tool):
-            sys.exit(f"testhost: {tool} not found; run scripts/bootstrap.sh (installs Debian's packages)")
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     CACHE.mkdir(parents=True, exist_ok=True)
-    LOG.info("building %s rootfs with debootstrap into %s (cached for later runs)", SUITE, path)
-    run("debootstrap", "--variant=minbase", f"--include={PACKAGES}", SUITE, str(tmp), MIRROR)
-    for key in (tmp / "etc/ssh").glob("ssh_host_*"):
-        key.unlink()  # each host gets its own keys
+    LOG.info("building %s (cached for later runs)", path)
+    build(tmp)
     (tmp / ".complete").write_text(recipe + "\n")
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
     return path
 
 
+def base_rootfs() -> Path:
+    """The cached Debian rootfs, built with debootstrap on first use (about a minute)."""
+    recipe = f"{SUITE}|{PACKAGES}|minbase|v1"
+
+    def build(tmp: Path) -> None:
+        for tool in ("debootstrap", "systemd-nspawn", "ip", "ssh-keygen"):
+            if not shutil.which(tool):
+                sys.exit(f"testhost: {tool} not found; run scripts/bootstrap.sh (installs Debian's packages)")
+        run("debootstrap", "--variant=minbase", f"--include={PACKAGES}", SUITE, str(tmp), MIRROR)
+        for key in (tmp / "etc/ssh").glob("ssh_host_*"):
+            key.unlink()  # each host gets its own keys
+
+    return cached(CACHE / f"{SUITE}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}", recipe, build)
+
+
 def wheelhouse(requirements: list[str]) -> Path:
     """A directory of wheels for ``requirements`` and everything they need (cached), for hosts
     that install offline, as air-gapped clusters do."""
-    key = hashlib.sha256("\n".join(sorted(requirements)).encode()).hexdigest()[:10]
-    path = CACHE / f"wheelhouse-{key}"
-    if (path / ".complete").exists():
-        return path
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    LOG.info("downloading wheels for %s into %s (cached for later runs)", " ".join(requirements), path)
-    run(sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(tmp), *requirements)
-    (tmp / ".complete").write_text("\n".join(requirements) + "\n")
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
-    return path
+    recipe = "\n".join(sorted(requirements))
+
+    def build(tmp: Path) -> None:
+        run(sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(tmp), *requirements)
+
+    return cached(CACHE / f"wheelhouse-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}", recipe, build)
 
 
 def ssh_key() -> Path:
