@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +14,16 @@ from pathlib import Path
 import pytest
 
 from jobs import tiny_model
+from jobs.vllm_process import ServerFailed, VllmProcess
 
-SERVER_START_TIMEOUT_S = 900
+ROOT = Path(__file__).resolve().parents[2]
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+CPU_SERVER_ARGS = ["--max-model-len", "2048", "--gpu-memory-utilization", "0.1"]
+# The tiny target has 4 layers: EAGLE-3 takes the residual stream entering layers 1, 2 and 3,
+# and the output of the last (4), as vLLM's extract_hidden_states numbers them.
+AUX_LAYER_IDS = [1, 2, 3]
+CAPTURED_LAYER_IDS = [*AUX_LAYER_IDS, 4]
+CPU_CONNECTOR_DIR = ROOT / "roles" / "vllm_server" / "files"
 
 
 @dataclass
@@ -34,6 +32,7 @@ class Server:
     model: str
     model_path: Path
     log: Path
+    hidden_states_dir: Path | None = None
 
 
 @pytest.fixture(scope="session")
@@ -41,42 +40,48 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model.build(tmp_path_factory.mktemp("models") / "tiny")
 
 
+def serve(model: Path, log: Path, extra: list[str], env: dict[str, str] | None = None) -> Iterator[str]:
+    env = {"VLLM_CACHE_ROOT": str(log.parent / "cache"), **(env or {})}
+    process = VllmProcess(model, [*CPU_SERVER_ARGS, *extra], log=log, served_name="tiny", env=env)
+    try:
+        yield process.start()
+    except ServerFailed as err:
+        pytest.fail(str(err))
+    finally:
+        process.stop()
+
+
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """``python -m vllm.entrypoints.openai.api_server`` on the tiny target, with a reasoning parser."""
-    port = free_port()
     log = tmp_path_factory.mktemp("server") / "vllm.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(log.parent / "cache")}
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
-        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-        "--reasoning-parser", "deepseek_r1", "--max-model-len", "2048", "--gpu-memory-utilization", "0.1",
-    ]  # fmt: skip
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM server not up after {SERVER_START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
-            time.sleep(2)
+    for url in serve(tiny_model_dir, log, ["--reasoning-parser", "deepseek_r1"]):
         yield Server(url, "tiny", tiny_model_dir, log)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def hs_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The tiny target with ``extract_hidden_states`` through the project's CPU connector: it
+    answers chat requests (fused capture) and extraction requests alike."""
+    work = tmp_path_factory.mktemp("hs-server")
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": CAPTURED_LAYER_IDS}},
+    }
+    kv = {
+        "kv_connector": "CpuHiddenStatesConnector",
+        "kv_connector_module_path": "eagle3_cpu_hidden_states",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(work / "states")},
+    }
+    extra = [
+        "--reasoning-parser", "deepseek_r1", "--speculative-config", json.dumps(spec),
+        "--kv-transfer-config", json.dumps(kv),
+    ]  # fmt: skip
+    pythonpath = os.pathsep.join(filter(None, [str(CPU_CONNECTOR_DIR), os.environ.get("PYTHONPATH")]))
+    for url in serve(tiny_model_dir, work / "vllm.log", extra, {"PYTHONPATH": pythonpath}):
+        yield Server(url, "tiny", tiny_model_dir, work / "vllm.log", work / "states")
 
 
 class TcpProxy:
