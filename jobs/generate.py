@@ -200,6 +200,10 @@ def build_row(question: Question, body: dict[str, Any], sampling: dict[str, Any]
     if not prompt_ids or not completion_ids:
         raise ValueError("server returned no token ids; is it vLLM with return_token_ids support?")
     reasoning, content = split_reasoning(choice["message"])
+    hidden_states_path = (body.get("kv_transfer_params") or {}).get("hidden_states_path")
+    # With fused capture the last generated token was never fed through the model, so it has no
+    # hidden state: the training sequence ends one token earlier, matching the captured file.
+    trained_ids = completion_ids[:-1] if hidden_states_path else completion_ids
     return {
         "id": question.id,
         "messages": question.messages,
@@ -209,11 +213,11 @@ def build_row(question: Question, body: dict[str, Any], sampling: dict[str, Any]
         "usage": body.get("usage"),
         "prompt_token_ids": prompt_ids,
         "completion_token_ids": completion_ids,
-        "input_ids": prompt_ids + completion_ids,
-        "loss_mask": [0] * len(prompt_ids) + [1] * len(completion_ids),
+        "input_ids": prompt_ids + trained_ids,
+        "loss_mask": [0] * len(prompt_ids) + [1] * len(trained_ids),
         "sampling": sampling,
         "model": body.get("model"),
-        "hidden_states_path": (body.get("kv_transfer_params") or {}).get("hidden_states_path"),
+        "hidden_states_path": hidden_states_path,
     }
 
 
@@ -412,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fused-hidden-states", action="store_true", help="ask the server for hidden states too")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if not 0 <= args.rank < args.world_size:
         parser.error(f"--rank must be in [0, --world-size); got {args.rank} of {args.world_size}")
     if not args.input.exists():
