@@ -8,7 +8,8 @@ machine without one, :func:`cpu_accelerator` makes the CPU stand in for it while
 
 * ``torch.accelerator.current_accelerator()`` answers ``cpu`` (so autocast and the torchrun
   backend are CPU's: ``gloo``); ``synchronize``/``set_device_index`` have nothing to do;
-* the trainer's device index becomes ``torch.device("cpu")`` so its ``.to()`` calls stay on CPU.
+* the trainer's device index becomes ``torch.device("cpu")`` so its ``.to()`` calls stay on CPU,
+  and the checkpointer loads a checkpoint onto ``cpu`` when resuming.
 
 Nothing of speculators is copied; on a GPU machine none of this is applied.
 """
@@ -28,6 +29,7 @@ def needs_cpu_shim() -> bool:
 
 @contextlib.contextmanager
 def cpu_accelerator() -> Iterator[None]:
+    import speculators.train.checkpointer as checkpointer_module
     import speculators.train.trainer as trainer_module
     import torch.distributed as dist
 
@@ -50,6 +52,8 @@ def cpu_accelerator() -> Iterator[None]:
         stack.enter_context(mock.patch.object(torch.accelerator, "is_available", lambda: False))
         stack.enter_context(mock.patch.object(torch.accelerator, "synchronize", lambda *a, **k: None))
         stack.enter_context(mock.patch.object(torch.accelerator, "set_device_index", lambda *a, **k: None))
+        # Resuming loads a checkpoint onto get_current_device() ("<accelerator>:<index>").
+        stack.enter_context(mock.patch.object(checkpointer_module, "get_current_device", lambda: "cpu"))
         stack.enter_context(mock.patch.object(dist, "init_process_group", init_process_group))
         stack.enter_context(mock.patch.object(trainer_module, "get_local_rank", lambda: cpu))
         yield

@@ -35,6 +35,7 @@ def test_config_names_what_is_wrong(tmp_path: Path) -> None:
 
 
 def test_cpu_shim_stands_in_for_an_accelerator_and_restores_torch() -> None:
+    import speculators.train.checkpointer as checkpointer_module
     import speculators.train.trainer as trainer_module
 
     before = (torch.accelerator.current_accelerator, trainer_module.get_local_rank)
@@ -42,6 +43,7 @@ def test_cpu_shim_stands_in_for_an_accelerator_and_restores_torch() -> None:
         assert torch.accelerator.current_accelerator() == torch.device("cpu")
         assert torch.accelerator.current_accelerator(check_available=True) is None
         assert torch.accelerator.is_available() is False  # so the DataLoader does not pin memory
+        assert checkpointer_module.get_current_device() == "cpu"  # where a resumed checkpoint loads
         torch.accelerator.synchronize()  # raises without an accelerator outside the shim
         assert trainer_module.get_local_rank() == torch.device("cpu")
         assert torch.ones(2).to(trainer_module.get_local_rank()).device.type == "cpu"
