@@ -115,6 +115,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=256)
     args = parser.parse_args()
+    if args.server and not args.model:
+        parser.error("--server needs --model (the name it serves)")
 
     from jobs import tiny_model
     from jobs.vllm_process import VllmProcess
