@@ -170,7 +170,11 @@ def fused_index(rows_dirs: list[Path]) -> dict[str, list[Path]]:
                 for line in f:
                     row = json.loads(line)
                     if row.get("hidden_states_path"):
-                        index.setdefault(token_key(row["input_ids"]), []).append(Path(row["hidden_states_path"]))
+                        path = Path(row["hidden_states_path"])
+                        # Rows gathered from another host carry their files in hidden_states/.
+                        if not path.exists() and (rows_dir / "hidden_states" / path.name).exists():
+                            path = rows_dir / "hidden_states" / path.name
+                        index.setdefault(token_key(row["input_ids"]), []).append(path)
     return index
 
 

@@ -193,15 +193,31 @@ def build(out: Path, vocab_size: int = 2048, layers: int = 4, seed: int = 0) -> 
     return out
 
 
+def write_prompts(out: Path, train: int = 200, heldout: int = 16, seed: int = 11) -> tuple[Path, Path]:
+    """Questions for the pipeline on the tiny target: ``train.jsonl`` and disjoint ``heldout.jsonl``."""
+    lines = corpus(2 * train + heldout, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, prefix, rows in (("train", "t", lines[:train]), ("heldout", "h", lines[-heldout:])):
+        path = out / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"id": f"{prefix}{i}", "prompt": q}) + "\n" for i, q in enumerate(rows)))
+        path.chmod(0o644)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="directory to write the model into")
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompts", type=Path, help="also write train.jsonl and heldout.jsonl questions here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     build(args.out, args.vocab_size, args.layers, args.seed)
+    if args.prompts:
+        write_prompts(args.prompts)
     return 0
 
 

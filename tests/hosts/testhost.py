@@ -264,6 +264,20 @@ def down(names: list[str]) -> int:
     return 1 if failed else 0
 
 
+def inventory(up_json: Path, groups: list[str]) -> dict:
+    """An Ansible inventory (YAML-compatible JSON) putting the hosts ``up`` printed into ``groups``."""
+    hosts = {
+        h["instance"]: {
+            "ansible_host": h["address"],
+            "ansible_user": h["user"],
+            "ansible_ssh_private_key_file": h["identity_file"],
+            "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+        }
+        for h in json.loads(up_json.read_text())
+    }
+    return {"all": {"children": {group: {"hosts": hosts} for group in groups}}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -275,11 +289,17 @@ def main(argv: list[str] | None = None) -> int:
     p_down.add_argument("names", nargs="*")
     p_down.add_argument("--all", action="store_true")
     sub.add_parser("list", help="print known hosts as JSON")
+    p_inv = sub.add_parser("inventory", help="an Ansible inventory for hosts from `up`'s JSON")
+    p_inv.add_argument("up_json", type=Path)
+    p_inv.add_argument("--groups", default="all", help="comma-separated groups to put every host in")
     p_wh = sub.add_parser("wheelhouse", help="download wheels for requirements (cached); print the directory")
     p_wh.add_argument("requirements", nargs="+")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s testhost %(levelname)s %(message)s", stream=sys.stderr)
 
+    if args.command == "inventory":
+        print(json.dumps(inventory(args.up_json, args.groups.split(",")), indent=2))
+        return 0
     if os.geteuid() != 0:
         sys.exit("testhost: needs root (network namespaces and systemd-nspawn)")
     if args.command == "base":

@@ -1,0 +1,263 @@
+"""Run ``playbooks/train.yml`` through ansible-runner, stream per-stage progress, write the run manifest.
+
+    python -m jobs.run -i inventory/<site> [-i more-hosts.yml] [-e key=value | -e @vars.yml]
+                       [--tags generate] [--run-dir runs/<name>]
+
+Progress goes to stderr, one line per event that matters: a play (pipeline step) starting, a
+stage started or found complete on a host, a stage's progress while it runs (its job's own last
+log line: rows/tokens done, tokens/s), a stage finishing (its time and summary), and the failing
+host, task and message when something fails. The exit code is ansible-playbook's.
+
+``<run-dir>/manifest.json`` records what ran: command, inventory, extra vars, per-play and
+per-stage timings, pre-flight readings, each host's stage inputs and versions (vLLM, speculators,
+torch, driver), each stage's marker (inputs hash, outputs with sizes and checksums, the job's
+summary) and the validation report. ansible-runner's artifacts (full event log, stdout) stay in
+``<run-dir>/ansible`` for debugging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAYBOOK = ROOT / "playbooks" / "train.yml"
+# roles/eagle3/tasks/stage.yml's task names, up to the stage name.
+STAGE_TASKS = {"Start the stage unless complete": "start", "Wait for the stage, reporting progress": "wait"}
+
+
+def parse_extra_vars(items: list[str]) -> dict[str, Any]:
+    """``key=value`` (value parsed as YAML) or ``@file.yml``, later ones win, as ansible's -e."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if item.startswith("@"):
+            loaded = yaml.safe_load(Path(item[1:]).read_text()) or {}
+            if not isinstance(loaded, dict):
+                raise SystemExit(f"{item[1:]}: extra vars file must hold a mapping")
+            out.update(loaded)
+        elif "=" in item:
+            key, value = item.split("=", 1)
+            out[key] = yaml.safe_load(value) if value else ""
+        else:
+            raise SystemExit(f"-e {item!r}: give key=value or @file")
+    return out
+
+
+def stage_of(task: str) -> tuple[str, str] | None:
+    """'Wait for the stage, reporting progress: generate-0' -> ('generate-0', 'wait')."""
+    head, _, name = task.rpartition(": ")
+    return (name.strip(), STAGE_TASKS[head]) if head in STAGE_TASKS else None
+
+
+def stdout_json(res: dict[str, Any]) -> dict[str, Any]:
+    try:
+        value = json.loads(res.get("stdout") or "")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def brief_progress(line: str) -> str:
+    """A job's last log line, short: speculators' metrics dict becomes epoch/step/loss/tokens per s."""
+    if "speculators.metrics" in line and "{" in line:
+        try:
+            metrics = ast.literal_eval(line[line.index("{") :])
+            train, profile = metrics.get("train", {}), metrics.get("profile", {})
+            return (
+                f"epoch {metrics.get('epoch')} step {metrics.get('global_step')} loss {train.get('loss', float('nan')):.3f}"
+                f" {profile.get('tokens_per_s', 0):.0f} tok/s"
+            )
+        except (ValueError, SyntaxError, AttributeError, TypeError):
+            pass
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+def failure_message(res: dict[str, Any]) -> str:
+    parts = [str(res.get("msg") or "").strip()]
+    for key in ("stderr", "stdout"):
+        text = str(res.get(key) or "").strip()
+        if text and key == "stderr":
+            parts.append(text[-2000:])
+    return "\n".join(p for p in parts if p) or json.dumps(res)[:2000]
+
+
+@dataclass
+class Progress:
+    """Turns ansible-runner events into progress lines and the manifest's timings."""
+
+    out: Any = sys.stderr
+    started: float = field(default_factory=time.time)
+    plays: list[dict[str, Any]] = field(default_factory=list)
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    plan: dict[str, Any] = field(default_factory=dict)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def say(self, text: str) -> None:
+        print(f"[{time.time() - self.started:7.0f}s] {text}", file=self.out, flush=True)
+
+    def __call__(self, event: dict[str, Any]) -> bool:
+        kind, data = event.get("event", ""), event.get("event_data", {})
+        host, task, res = data.get("host", ""), data.get("task", ""), data.get("res") or {}
+        if kind == "playbook_on_play_start":
+            now = time.time()
+            if self.plays:
+                self.plays[-1]["finished"] = now
+            self.plays.append({"play": data.get("play", ""), "started": now})
+            self.say(f"== {data.get('play', '')}")
+        elif kind == "runner_on_ok" and task == "Plan the run on this host":
+            plan = res.get("ansible_facts", {}).get("eagle3_plan", {})
+            self.plan[host] = plan
+            todo = plan.get("todo", [])
+            self.say(f"{host}: {'every stage complete' if not todo else 'to run: ' + ', '.join(todo)}")
+        elif kind in ("runner_on_ok", "runner_retry") and (stage := stage_of(task)):
+            self._stage_event(host, *stage, kind, stdout_json(res))
+        elif kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+            failure = {"host": host, "task": task, "play": data.get("play", ""), "message": failure_message(res)}
+            self.failures.append(failure)
+            self.say(f"FAILED {host} | {task}\n{failure['message']}")
+        elif kind == "playbook_on_stats":
+            if self.plays:
+                self.plays[-1]["finished"] = time.time()
+            self.stats = {k: data.get(k, {}) for k in ("ok", "changed", "failures", "dark", "skipped")}
+        return True
+
+    def _stage_event(self, host: str, name: str, step: str, kind: str, result: dict[str, Any]) -> None:
+        record = self.stages.setdefault(f"{host}/{name}", {"host": host, "stage": name})
+        if step == "start":
+            record["state"] = result.get("state")
+            if result.get("state") == "complete":
+                record["skipped"] = True
+                self.say(f"{host}: {name} already complete, skipped")
+            else:
+                record["started"] = time.time()
+                self.say(f"{host}: {name} {'started' if result.get('started') else 'running, attached'}")
+        elif step == "wait" and kind == "runner_retry" and result.get("progress"):
+            # A new line from the job, or a heartbeat once a minute while it is quiet.
+            now, line = time.time(), brief_progress(result["progress"])
+            if line != record.get("last_line") or now - record.get("last_said", 0) >= 60:
+                record |= {"last_line": line, "last_said": now}
+                self.say(f"{host}: {name} [{now - record.get('started', now):.0f}s] {line}")
+        elif step == "wait" and result.get("done"):
+            record |= {"finished": time.time(), "rc": result.get("rc"), "summary": result.get("summary")}
+            record["duration_s"] = result.get("duration_s")
+            brief = json.dumps(result.get("summary"))[:300] if result.get("summary") else ""
+            self.say(f"{host}: {name} done in {result.get('duration_s')} s {brief}")
+
+
+def read_json_dir(path: Path) -> dict[str, Any]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(path.glob("*.json"))} if path.is_dir() else {}
+
+
+def manifest(args: argparse.Namespace, extra: dict[str, Any], progress: Progress, rc: int, status: str) -> dict:
+    records = args.run_dir / "records"
+    from importlib.metadata import version
+
+    preflight = read_json_dir(records / "preflight")
+    return {
+        "run_dir": str(args.run_dir),
+        "command": shlex.join(sys.argv),
+        "playbook": str(PLAYBOOK),
+        "inventory": [str(p) for p in args.inventory],
+        "extra_vars": extra,
+        "tags": args.tags,
+        "started": progress.started,
+        "finished": time.time(),
+        "duration_s": round(time.time() - progress.started, 1),
+        "status": status,
+        "rc": rc,
+        "failures": progress.failures,
+        "plan": progress.plan,
+        "plays": progress.plays,
+        "stage_events": list(progress.stages.values()),
+        "preflight": preflight,
+        "driver_versions": {h: r.get("driver_version") for h, r in preflight.items()},
+        "hosts": read_json_dir(records / "hosts"),
+        "stages": {p.name: read_json_dir(p) for p in sorted((records / "stages").glob("*")) if p.is_dir()},
+        "validation": (
+            json.loads((records / "validation" / "report.json").read_text())
+            if (records / "validation" / "report.json").exists()
+            else None
+        ),
+        "controller": {"ansible-core": version("ansible-core"), "ansible-runner": version("ansible-runner")},
+        "recap": progress.stats,
+        "artifacts": str(args.run_dir / "ansible"),
+    }
+
+
+def validation_lines(report: dict[str, Any] | None) -> list[str]:
+    if not report:
+        return []
+    lines = ["validation (mean acceptance length, draft tokens accepted per step + 1):"]
+    for name, result in report.get("drafters", {}).items():
+        lines.append(f"  {name}: {result.get('mean_acceptance_length')}  per position {result.get('per_position')}")
+    for key in ("trained_over_untrained", "trained_minus_untrained"):
+        if key in report:
+            lines.append(f"  {key}: {report[key]}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-i", "--inventory", type=Path, action="append", required=True, help="repeatable")
+    parser.add_argument("-e", "--extra-vars", action="append", default=[], help="key=value or @file (repeatable)")
+    parser.add_argument("--tags", default="", help="run only these stages (comma-separated tags)")
+    parser.add_argument("--limit", default="", help="ansible --limit")
+    parser.add_argument("--run-dir", type=Path, help="manifest, records and artifacts (default runs/run-<time>)")
+    parser.add_argument("--playbook", type=Path, default=PLAYBOOK)
+    args = parser.parse_args(argv)
+    args.run_dir = (args.run_dir or ROOT / "runs" / time.strftime("run-%Y%m%d-%H%M%S")).resolve()
+    args.inventory = [p.resolve() for p in args.inventory]
+    for inv in args.inventory:
+        if not inv.exists():
+            parser.error(f"inventory {inv} does not exist")
+    extra = parse_extra_vars(args.extra_vars)
+    records = args.run_dir / "records"
+    extra = {"eagle3_record_dir": str(records), "gpu_preflight_record_dir": str(records / "preflight"), **extra}
+    (args.run_dir / "ansible").mkdir(parents=True, exist_ok=True)
+
+    import ansible_runner
+
+    progress = Progress()
+    progress.say(f"run {args.run_dir}: {args.playbook.name} on {', '.join(map(str, args.inventory))}")
+    thread, runner = ansible_runner.run_async(
+        private_data_dir=str(args.run_dir / "ansible"),
+        project_dir=str(ROOT),
+        playbook=str(args.playbook.resolve()),
+        inventory=[str(p) for p in args.inventory],
+        extravars=extra,
+        tags=args.tags or None,
+        limit=args.limit or None,
+        envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ROOT / "roles")},
+        event_handler=progress,
+        quiet=True,
+    )
+    thread.join()
+    rc = runner.rc if runner.rc is not None else 1
+    result = manifest(args, extra, progress, rc, runner.status)
+    path = args.run_dir / "manifest.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    for line in validation_lines(result["validation"]):
+        print(line)
+    print(f"manifest: {path}")
+    if rc != 0:
+        for failure in progress.failures[:5]:
+            print(f"failed: {failure['host']} | {failure['task']}: {failure['message'][:500]}", file=sys.stderr)
+        print(f"playbook failed ({runner.status}, exit {rc}); ansible-runner artifacts: {args.run_dir / 'ansible'}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""Pipeline stages on a host: completion markers, detached runs, and waiting with progress.
+
+The playbook runs every job through this module so that a stage is skipped when its outputs are
+complete for the same inputs, resumes when it was interrupted, and reports progress while it runs:
+
+* ``status``: ``complete`` (the marker's inputs hash matches and every output file it lists is
+  still there with the same size), ``running`` (a supervisor for it is alive) or ``todo``.
+* ``start``: prints ``{"started": false}`` when complete or already running (a rerun attaches to
+  the run in progress); otherwise removes the old marker and starts a detached supervisor that
+  runs the command (stdout and stderr to ``<name>.log``) and, only if it exits 0, records the
+  outputs (path, size, and sha256 for files up to 16 MiB) and the job's summary JSON, and writes
+  the marker atomically, then the exit code.
+* ``wait``: blocks up to ``--timeout`` seconds; prints ``{"done", "rc", "progress", ...}`` (the
+  last line of the job's log as progress). Exits 1 with the log tail when the job failed.
+
+Files live in ``<dir>/.stages/``: ``<name>.json`` (marker), ``.pid``, ``.log``, ``.rc``. A job
+killed with its host leaves no marker and no rc: ``start`` runs it again and the job resumes from
+its own partial outputs (every job here is resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CHECKSUM_MAX_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class Stage:
+    dir: Path
+    name: str
+
+    @property
+    def state_dir(self) -> Path:
+        return self.dir / ".stages"
+
+    def file(self, suffix: str) -> Path:
+        return self.state_dir / f"{self.name}.{suffix}"
+
+    @property
+    def marker(self) -> Path:
+        return self.file("json")
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def record_outputs(outputs: list[Path]) -> list[dict[str, Any]]:
+    """Every file under the outputs (files or directories), sorted, with size and small files' sha256."""
+    files: list[Path] = []
+    for out in outputs:
+        if out.is_dir():
+            files += [p for p in out.rglob("*") if p.is_file() and ".stages" not in p.parts]
+        elif out.is_file():
+            files.append(out)
+        else:
+            raise FileNotFoundError(f"stage output {out} does not exist")
+    records = []
+    for path in sorted(set(files)):
+        size = path.stat().st_size
+        record: dict[str, Any] = {"path": str(path), "size": size}
+        if size <= CHECKSUM_MAX_BYTES:
+            record["sha256"] = sha256(path)
+        records.append(record)
+    return records
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def pid_alive(pid_file: Path) -> bool:
+    try:
+        pid = int(pid_file.read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return False
+    return b"jobs.stage" in cmdline
+
+
+def marker_problem(stage: Stage, inputs_hash: str) -> str | None:
+    """Why the stage is not complete for these inputs, or None when it is."""
+    try:
+        marker = json.loads(stage.marker.read_text())
+    except FileNotFoundError:
+        return "no completion marker"
+    except (OSError, ValueError) as err:
+        return f"unreadable marker ({err})"
+    if marker.get("inputs_hash") != inputs_hash:
+        return "inputs changed"
+    for record in marker.get("outputs", []):
+        path = Path(record["path"])
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return f"output {path} is gone"
+        if size != record["size"]:
+            return f"output {path} changed size ({record['size']} -> {size})"
+    return None
+
+
+def status(stage: Stage, inputs_hash: str) -> dict[str, Any]:
+    if pid_alive(stage.file("pid")) and not stage.file("rc").exists():
+        return {"stage": stage.name, "state": "running"}
+    problem = marker_problem(stage, inputs_hash)
+    if problem is None:
+        return {"stage": stage.name, "state": "complete"}
+    return {"stage": stage.name, "state": "todo", "reason": problem}
+
+
+def start(stage: Stage, inputs_hash: str, command: list[str], outputs: list[Path], summary: Path | None) -> dict:
+    current = status(stage, inputs_hash)
+    if current["state"] != "todo":
+        return {**current, "started": False}
+    stage.state_dir.mkdir(parents=True, exist_ok=True)
+    for suffix in ("json", "rc", "pid"):
+        stage.file(suffix).unlink(missing_ok=True)
+    request = {
+        "inputs_hash": inputs_hash,
+        "command": command,
+        "outputs": [str(p.resolve()) for p in outputs],
+        "summary": str(summary.resolve()) if summary else None,
+    }
+    write_atomic(stage.file("request.json"), json.dumps(request, indent=2) + "\n")
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "jobs.stage", "_supervise", "--dir", str(stage.dir), "--name", stage.name],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    write_atomic(stage.file("pid"), f"{supervisor.pid}\n")
+    return {**current, "state": "running", "started": True, "pid": supervisor.pid}
+
+
+def supervise(stage: Stage) -> int:
+    request = json.loads(stage.file("request.json").read_text())
+    write_atomic(stage.file("pid"), f"{os.getpid()}\n")
+    began = time.time()
+    with stage.file("log").open("ab") as log:
+        log.write(f"== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(request['command'])}\n".encode())
+        log.flush()
+        rc = subprocess.run(request["command"], stdin=subprocess.DEVNULL, stdout=log, stderr=log).returncode
+    if rc == 0:
+        try:
+            marker = {
+                "stage": stage.name,
+                "inputs_hash": request["inputs_hash"],
+                "command": request["command"],
+                "started": began,
+                "finished": time.time(),
+                "duration_s": round(time.time() - began, 3),
+                "outputs": record_outputs([Path(p) for p in request["outputs"]]),
+                "summary": json.loads(Path(request["summary"]).read_text()) if request["summary"] else None,
+            }
+            write_atomic(stage.marker, json.dumps(marker, indent=2) + "\n")
+        except (OSError, ValueError) as err:
+            with stage.file("log").open("a") as log_text:
+                log_text.write(f"stage {stage.name}: the job exited 0 but its outputs are not complete: {err}\n")
+            rc = 70
+    write_atomic(stage.file("rc"), f"{rc}\n")
+    return rc
+
+
+def last_line(path: Path, tail: int = 4096) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - tail))
+            text = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    lines = [seg.strip() for line in text.splitlines() for seg in line.split("\r") if seg.strip()]
+    return lines[-1] if lines else ""
+
+
+def wait(stage: Stage, timeout: float, poll: float = 1.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        if stage.file("rc").exists():
+            rc = int(stage.file("rc").read_text())
+            result: dict[str, Any] = {"stage": stage.name, "done": True, "rc": rc}
+            if rc == 0 and stage.marker.exists():
+                marker = json.loads(stage.marker.read_text())
+                result |= {"duration_s": marker["duration_s"], "summary": marker["summary"]}
+            else:
+                result["log_tail"] = tail_text(stage.file("log"))
+            return result
+        if not pid_alive(stage.file("pid")):
+            return {"stage": stage.name, "done": True, "rc": -1, "log_tail": tail_text(stage.file("log"))}
+        if time.monotonic() >= deadline:
+            return {"stage": stage.name, "done": False, "progress": last_line(stage.file("log"))}
+        time.sleep(poll)
+
+
+def tail_text(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.stage", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    for name in ("status", "start", "wait", "_supervise"):
+        p = sub.add_parser(name)
+        p.add_argument("--dir", type=Path, required=True, help="the stage's run directory")
+        p.add_argument("--name", required=True, help="stage name")
+        if name in ("status", "start"):
+            p.add_argument("--inputs-hash", required=True, help="hash of everything the outputs depend on")
+        if name == "start":
+            p.add_argument("--output", type=Path, action="append", default=[], help="output file or dir (repeat)")
+            p.add_argument("--summary", type=Path, help="the job's summary JSON, kept in the marker")
+            p.add_argument("command", nargs=argparse.REMAINDER, help="-- the job's command")
+        if name == "wait":
+            p.add_argument("--timeout", type=float, default=30.0, help="seconds to block before reporting")
+    args = parser.parse_args(argv)
+    stage = Stage(args.dir.resolve(), args.name)
+    if args.action == "_supervise":
+        return supervise(stage)
+    if args.action == "status":
+        print(json.dumps(status(stage, args.inputs_hash)))
+        return 0
+    if args.action == "start":
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not command:
+            parser.error("give the job's command after --")
+        if not args.output:
+            parser.error("give at least one --output")
+        print(json.dumps(start(stage, args.inputs_hash, command, args.output, args.summary)))
+        return 0
+    result = wait(stage, args.timeout)
+    print(json.dumps(result))
+    if result["done"] and result["rc"] != 0:
+        print(f"stage {stage.name} failed (exit {result['rc']}); log {stage.file('log')}:", file=sys.stderr)
+        print(result.get("log_tail", ""), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

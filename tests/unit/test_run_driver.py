@@ -1,0 +1,96 @@
+"""jobs.run: extra vars, stage events to progress lines and timings (events as ansible-runner emits them)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from jobs import run
+
+
+def test_extra_vars_parse_like_ansible(tmp_path: Path) -> None:
+    f = tmp_path / "vars.yml"
+    f.write_text("a: 1\nb: [x, y]\n")
+    assert run.parse_extra_vars(["@" + str(f), "a=2", "c=", "d=true"]) == {"a": 2, "b": ["x", "y"], "c": "", "d": True}
+    with pytest.raises(SystemExit, match="key=value"):
+        run.parse_extra_vars(["nonsense"])
+
+
+def test_stage_task_names() -> None:
+    assert run.stage_of("Start the stage unless complete: generate-0") == ("generate-0", "start")
+    assert run.stage_of("Wait for the stage, reporting progress: train") == ("train", "wait")
+    assert run.stage_of("Plan the run on this host") is None
+
+
+def event(kind: str, task: str, host: str = "h1", **res: object) -> dict:
+    return {"event": kind, "event_data": {"host": host, "task": task, "play": "p", "res": res}}
+
+
+def test_progress_follows_a_stage_and_records_failures() -> None:
+    out = io.StringIO()
+    progress = run.Progress(out=out)
+    progress({"event": "playbook_on_play_start", "event_data": {"play": "Generate"}})
+    plan = {"todo": ["generate-0", "prepare"], "status": [], "server_active": False}
+    progress(event("runner_on_ok", "Plan the run on this host", ansible_facts={"eagle3_plan": plan}))
+    progress(
+        event(
+            "runner_on_ok",
+            "Start the stage unless complete: generate-0",
+            stdout=json.dumps({"state": "running", "started": True}),
+        )
+    )
+    progress(
+        event(
+            "runner_retry",
+            "Wait for the stage, reporting progress: generate-0",
+            stdout=json.dumps({"done": False, "progress": "generate: 10/200 rows, 0 errors, 700 tok/s"}),
+        )
+    )
+    progress(
+        event(
+            "runner_on_ok",
+            "Wait for the stage, reporting progress: generate-0",
+            stdout=json.dumps({"done": True, "rc": 0, "duration_s": 12.5, "summary": {"done": 200}}),
+        )
+    )
+    progress(
+        event(
+            "runner_on_ok",
+            "Start the stage unless complete: prepare",
+            stdout=json.dumps({"state": "complete", "started": False}),
+        )
+    )
+    progress(
+        event(
+            "runner_on_failed",
+            "Wait for the stage, reporting progress: train",
+            msg="non-zero return code",
+            stderr="stage train failed (exit 3)",
+        )
+    )
+    text = out.getvalue()
+    assert "h1: to run: generate-0, prepare" in text
+    assert "generate-0 started" in text and "10/200 rows" in text and "generate-0 done in 12.5 s" in text
+    assert "prepare already complete, skipped" in text
+    assert "FAILED h1 | Wait for the stage, reporting progress: train" in text and "stage train failed (exit 3)" in text
+    gen = progress.stages["h1/generate-0"]
+    assert gen["rc"] == 0 and gen["summary"] == {"done": 200} and gen["finished"] >= gen["started"]
+    assert progress.stages["h1/prepare"]["skipped"] is True
+    assert progress.failures == [
+        {"host": "h1", "task": "Wait for the stage, reporting progress: train", "play": "p",
+         "message": "non-zero return code\nstage train failed (exit 3)"}
+    ]  # fmt: skip
+    assert progress.plan == {"h1": plan}
+
+
+def test_speculators_metrics_lines_are_shortened() -> None:
+    line = (
+        "2026-12-02 22:55:46,593 speculators.metrics INFO {'train': {'loss_0': 1.05, 'loss': 3.25}, "
+        "'profile': {'tokens_per_s': 464.1}, 'epoch': 1, 'lr': {'Muon': 0.003}, 'global_step': 12}"
+    )
+    assert run.brief_progress(line) == "epoch 1 step 12 loss 3.250 464 tok/s"
+    assert run.brief_progress("generate: 10/200 rows") == "generate: 10/200 rows"
+    assert len(run.brief_progress("x" * 500)) == 200
