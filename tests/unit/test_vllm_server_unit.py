@@ -77,21 +77,29 @@ def test_kimi_exec_start_field_by_field() -> None:
 
 
 def test_kimi_hidden_state_server_passes_aux_layers_as_json() -> None:
-    variables = load(KIMI)
+    """The server config the pipeline's plan derives (roles/eagle3/tasks/plan.yml) for the Kimi site."""
+    plan = load(ROOT / "roles/eagle3/tasks/plan.yml")
+    (decide,) = [t for t in plan if t["name"].startswith("Decide where a vLLM server is needed")]
+    facts = decide["ansible.builtin.set_fact"]
+    eagle3 = {
+        **load(ROOT / "roles/eagle3/defaults/main.yml"),
+        **load(KIMI),
+        **load(ROOT / "roles/eagle3/vars/main.yml"),
+    }
     argv = exec_start(
-        vllm_server_name="hs",
-        vllm_server_speculative_config=trust_as_template("{{ eagle3_hidden_states_speculative_config }}"),
-        vllm_server_kv_transfer_config=trust_as_template("{{ eagle3_hidden_states_kv_transfer_config }}"),
+        **eagle3,
+        vllm_server_speculative_config=facts["eagle3_server_speculative_config"],
+        vllm_server_kv_transfer_config=facts["eagle3_server_kv_transfer_config"],
     )
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["method"] == "extract_hidden_states"
+    # aux layers 2, 30, 58 and the last layer's output, 61
     assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 30, 58, 61]
-    assert variables["eagle3_aux_layer_ids"] == [2, 30, 58, 61]
     kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert kv == {
         "kv_connector": "ExampleHiddenStatesConnector",
         "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": "/data/eagle3/hidden-states"},
+        "kv_connector_extra_config": {"shared_storage_path": "/data/eagle3/runs/kimi-k25/server-hidden-states"},
     }
 
 
