@@ -116,6 +116,7 @@ def variant_command(
 # speculators' per-step profile (device-synchronized), as a dict (plain logging, under jobs.train)
 # or as rich key=value cells (its own CLI).
 STEP_MS = re.compile(r"(?:'step_ms': |step_ms=)([0-9.e+]+)")
+PHASES = {phase: re.compile(rf"(?:'{phase}_ms': |{phase}_ms=)([0-9.e+]+)") for phase in ("fwd", "bwd", "opt")}
 
 
 def steady_rate(log: str, warmup: int, tokens_per_step: int) -> dict[str, float]:
@@ -130,6 +131,10 @@ def steady_rate(log: str, warmup: int, tokens_per_step: int) -> dict[str, float]
         "tokens_per_s": round(tokens_per_step * len(after) / sum(after), 1),
         "median_step_s": round(statistics.median(after), 3),
         "first_step_s": round(steps[0], 1),
+    } | {
+        f"median_{phase}_s": round(statistics.median(float(ms) / 1000 for ms in found[warmup:]), 3)
+        for phase, pattern in PHASES.items()
+        if len(found := pattern.findall(log)) > warmup
     }
 
 
