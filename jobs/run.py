@@ -5,7 +5,7 @@
 
 Progress goes to stderr, one line per event that matters: a play (pipeline step) starting, a
 stage started or found complete on a host, a stage's progress while it runs (its job's own last
-log line: rows/tokens done, tokens/s), a stage finishing (its time and summary), and the failing
+log line: rows/tokens done, tokens/s, and an ETA from the row rate), a stage finishing (its time and summary), and the failing
 host, task and message when something fails. The exit code is ansible-playbook's.
 
 ``<run-dir>/manifest.json`` records what ran: command, inventory, extra vars, per-play and
@@ -21,6 +21,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -80,6 +81,23 @@ def brief_progress(line: str) -> str:
         except (ValueError, SyntaxError, AttributeError, TypeError):
             pass
     return line if len(line) <= 200 else line[:197] + "..."
+
+
+ROWS = re.compile(r"(\d+)/(\d+) rows")
+
+
+def estimate_eta(record: dict[str, Any], line: str, now: float) -> str:
+    """', ETA 4m10s' from a job's 'N/T rows' progress, at the rate seen since the first such line."""
+    match = ROWS.search(line)
+    if not match:
+        return ""
+    done, total = int(match.group(1)), int(match.group(2))
+    first = record.setdefault("first_rows", (now, done))
+    rate = (done - first[1]) / (now - first[0]) if now > first[0] else 0.0
+    if rate <= 0 or done >= total:
+        return ""
+    left = (total - done) / rate
+    return f", ETA {int(left // 60)}m{int(left % 60):02d}s"
 
 
 def failure_message(res: dict[str, Any]) -> str:
@@ -147,7 +165,8 @@ class Progress:
             now, line = time.time(), brief_progress(result["progress"])
             if line != record.get("last_line") or now - record.get("last_said", 0) >= 60:
                 record |= {"last_line": line, "last_said": now}
-                self.say(f"{host}: {name} [{now - record.get('started', now):.0f}s] {line}")
+                eta = estimate_eta(record, line, now)
+                self.say(f"{host}: {name} [{now - record.get('started', now):.0f}s] {line}{eta}")
         elif step == "wait" and result.get("done"):
             record |= {"finished": time.time(), "rc": result.get("rc"), "summary": result.get("summary")}
             record["duration_s"] = result.get("duration_s")

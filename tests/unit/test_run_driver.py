@@ -94,3 +94,12 @@ def test_speculators_metrics_lines_are_shortened() -> None:
     assert run.brief_progress(line) == "epoch 1 step 12 loss 3.250 464 tok/s"
     assert run.brief_progress("generate: 10/200 rows") == "generate: 10/200 rows"
     assert len(run.brief_progress("x" * 500)) == 200
+
+
+def test_eta_from_row_progress() -> None:
+    record: dict = {}
+    assert run.estimate_eta(record, "generate: 10/200 rows, 0 errors, 700 tok/s", 100.0) == ""
+    # 20 more rows in 10 s: 2 rows/s, 170 rows left -> 85 s
+    assert run.estimate_eta(record, "generate: 30/200 rows, 0 errors, 700 tok/s", 110.0) == ", ETA 1m25s"
+    assert run.estimate_eta(record, "generate: 200/200 rows", 120.0) == ""
+    assert run.estimate_eta({}, "epoch 1 step 3 loss 2.000 400 tok/s", 5.0) == ""
