@@ -101,11 +101,7 @@ def estimate_eta(record: dict[str, Any], line: str, now: float) -> str:
 
 
 def failure_message(res: dict[str, Any]) -> str:
-    parts = [str(res.get("msg") or "").strip()]
-    for key in ("stderr", "stdout"):
-        text = str(res.get(key) or "").strip()
-        if text and key == "stderr":
-            parts.append(text[-2000:])
+    parts = [str(res.get("msg") or "").strip(), str(res.get("stderr") or "").strip()[-2000:]]
     return "\n".join(p for p in parts if p) or json.dumps(res)[:2000]
 
 
