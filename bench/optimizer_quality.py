@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -41,26 +40,13 @@ def main() -> int:
     args = parser.parse_args()
 
     from jobs import extract, generate, prepare, tiny_model, validate
-    from jobs.vllm_process import VllmProcess
+    from jobs.vllm_process import VllmProcess, cpu_hidden_states_server
 
     work = args.work or Path(tempfile.mkdtemp(prefix="opt-quality-"))
     model = tiny_model.build(work / "tiny")
     train_q, heldout = tiny_model.write_prompts(work / "data")
-    spec = {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": CAPTURED}},
-    }
-    kv = {
-        "kv_connector": "CpuHiddenStatesConnector",
-        "kv_connector_module_path": "eagle3_cpu_hidden_states",
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": str(work / "states")},
-    }
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "roles" / "vllm_server" / "files"), os.environ.get("PYTHONPATH", "")])
-    }
-    extra = ["--reasoning-parser", "deepseek_r1", "--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv)]  # fmt: skip
+    args_hs, env = cpu_hidden_states_server(CAPTURED, work / "states")
+    extra = ["--reasoning-parser", "deepseek_r1", *args_hs]
     server = VllmProcess(model, [*SERVER_ARGS, *extra], work / "vllm.log", served_name="tiny", env=env)
     url = server.start()
     try:

@@ -10,6 +10,7 @@ utilization`` stands for a share of the CPU memory there).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -21,6 +22,30 @@ from pathlib import Path
 from types import TracebackType
 
 START_TIMEOUT_S = 900
+
+
+# The project's CPU hidden-states connector (roles/vllm_server installs it on hosts).
+CPU_CONNECTOR_DIR = Path(__file__).resolve().parents[1] / "roles" / "vllm_server" / "files"
+
+
+def cpu_hidden_states_server(layer_ids: list[int], storage: Path) -> tuple[list[str], dict[str, str]]:
+    """vLLM arguments and environment for a local CPU server that writes hidden states of
+    ``layer_ids`` (``extract_hidden_states``) into ``storage``, through the CPU connector; the
+    server answers chat requests (fused capture) and extraction requests alike."""
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}},
+    }
+    kv = {
+        "kv_connector": "CpuHiddenStatesConnector",
+        "kv_connector_module_path": "eagle3_cpu_hidden_states",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+    }
+    args = ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv)]
+    pythonpath = os.pathsep.join(filter(None, [str(CPU_CONNECTOR_DIR), os.environ.get("PYTHONPATH")]))
+    return args, {"PYTHONPATH": pythonpath}
 
 
 def free_port() -> int:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -13,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import tiny_model
-from jobs.vllm_process import ServerFailed, VllmProcess
+from jobs import extract, generate, prepare, tiny_model
+from jobs.vllm_process import ServerFailed, VllmProcess, cpu_hidden_states_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +21,6 @@ CPU_SERVER_ARGS = ["--max-model-len", "2048", "--gpu-memory-utilization", "0.1"]
 # and the output of the last (4), as vLLM's extract_hidden_states numbers them.
 AUX_LAYER_IDS = [1, 2, 3]
 CAPTURED_LAYER_IDS = [*AUX_LAYER_IDS, 4]
-CPU_CONNECTOR_DIR = ROOT / "roles" / "vllm_server" / "files"
 
 
 @dataclass
@@ -64,24 +61,29 @@ def hs_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     """The tiny target with ``extract_hidden_states`` through the project's CPU connector: it
     answers chat requests (fused capture) and extraction requests alike."""
     work = tmp_path_factory.mktemp("hs-server")
-    spec = {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": CAPTURED_LAYER_IDS}},
-    }
-    kv = {
-        "kv_connector": "CpuHiddenStatesConnector",
-        "kv_connector_module_path": "eagle3_cpu_hidden_states",
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": str(work / "states")},
-    }
-    extra = [
-        "--reasoning-parser", "deepseek_r1", "--speculative-config", json.dumps(spec),
-        "--kv-transfer-config", json.dumps(kv),
-    ]  # fmt: skip
-    pythonpath = os.pathsep.join(filter(None, [str(CPU_CONNECTOR_DIR), os.environ.get("PYTHONPATH")]))
-    for url in serve(tiny_model_dir, work / "vllm.log", extra, {"PYTHONPATH": pythonpath}):
+    args, env = cpu_hidden_states_server(CAPTURED_LAYER_IDS, work / "states")
+    for url in serve(tiny_model_dir, work / "vllm.log", ["--reasoning-parser", "deepseek_r1", *args], env):
         yield Server(url, "tiny", tiny_model_dir, work / "vllm.log", work / "states")
+
+
+def fused_training_data(
+    server: Server, questions: Path, work: Path, *, rows: int, max_tokens: int, concurrency: int, seq_length: int
+) -> Path:
+    """Answers from ``server`` with fused hidden-state capture, prepared for speculators and with
+    every prepared row's states in place: the training data of the jobs' end-to-end tests."""
+    settings = generate.Settings(
+        server=server.url, model="tiny", concurrency=concurrency, sampling={"max_tokens": max_tokens, "temperature": 0.0},
+        unreachable_timeout=60.0, request_timeout=600.0, max_attempts=4, fused_hidden_states=True,
+    )  # fmt: skip
+    assert generate.generate(questions, work / "generated", settings)["done"] == rows
+    prepared = work / "prepared"
+    prepare.prepare([work / "generated"], server.model_path, prepared, seq_length=seq_length)
+    shape = extract.Shape(len(CAPTURED_LAYER_IDS), 256)
+    summary = extract.extract(
+        extract.Settings(prepared, prepared / "hidden_states", shape, fused_rows=[work / "generated"])
+    )
+    assert summary["missing"] == 0
+    return prepared
 
 
 class TcpProxy:
