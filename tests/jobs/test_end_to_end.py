@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from jobs import extract, generate, prepare, tiny_model, validate
-from tests.jobs.conftest import AUX_LAYER_IDS, CAPTURED_LAYER_IDS, CPU_SERVER_ARGS, Server
+from jobs import tiny_model, validate
+from tests.jobs.conftest import AUX_LAYER_IDS, CPU_SERVER_ARGS, Server, fused_training_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,18 +41,9 @@ def test_trained_drafter_beats_an_untrained_one_in_vllm(hs_server: Server, tmp_p
     train_prompts = write_prompts(tmp_path / "train.jsonl", corpus[:200], "t")
     heldout = write_prompts(tmp_path / "heldout.jsonl", corpus[300:316], "h")
 
-    settings = generate.Settings(
-        server=hs_server.url, model="tiny", concurrency=32, sampling={"max_tokens": 160, "temperature": 0.0},
-        unreachable_timeout=60.0, request_timeout=600.0, max_attempts=4, fused_hidden_states=True,
-    )  # fmt: skip
-    assert generate.generate(train_prompts, tmp_path / "generated", settings)["done"] == 200
-    prepared = tmp_path / "prepared"
-    prepare.prepare([tmp_path / "generated"], hs_server.model_path, prepared, seq_length=2048)
-    shape = extract.Shape(len(CAPTURED_LAYER_IDS), 256)
-    summary = extract.extract(
-        extract.Settings(prepared, prepared / "hidden_states", shape, fused_rows=[tmp_path / "generated"])
+    prepared = fused_training_data(
+        hs_server, train_prompts, tmp_path, rows=200, max_tokens=160, concurrency=32, seq_length=2048
     )
-    assert summary["missing"] == 0
 
     out = tmp_path / "drafter"
     config = tmp_path / "train.yaml"

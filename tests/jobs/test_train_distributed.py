@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from jobs import extract, generate, prepare, tiny_model
-from tests.jobs.conftest import AUX_LAYER_IDS, CAPTURED_LAYER_IDS, Server
+from jobs import tiny_model
+from tests.jobs.conftest import AUX_LAYER_IDS, Server, fused_training_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,19 +23,8 @@ def test_two_process_torchrun_trains_one_drafter_with_the_single_process_config(
     questions.write_text(
         "".join(json.dumps({"id": f"d{i}", "prompt": q}) + "\n" for i, q in enumerate(tiny_model.corpus(48, seed=3)))
     )
-    settings = generate.Settings(
-        server=hs_server.url, model="tiny", concurrency=16, sampling={"max_tokens": 96, "temperature": 0.0},
-        unreachable_timeout=60.0, request_timeout=600.0, max_attempts=4, fused_hidden_states=True,
-    )  # fmt: skip
-    assert generate.generate(questions, tmp_path / "gen", settings)["done"] == 48
-    prepared = tmp_path / "prepared"
-    prepare.prepare([tmp_path / "gen"], hs_server.model_path, prepared, seq_length=1024)
-    shape = extract.Shape(len(CAPTURED_LAYER_IDS), 256)
-    assert (
-        extract.extract(extract.Settings(prepared, prepared / "hidden_states", shape, fused_rows=[tmp_path / "gen"]))[
-            "missing"
-        ]
-        == 0
+    prepared = fused_training_data(
+        hs_server, questions, tmp_path, rows=48, max_tokens=96, concurrency=16, seq_length=1024
     )
 
     config = tmp_path / "train.yaml"
