@@ -137,6 +137,10 @@ def speculators_argv(s: TrainSettings, dry_run: bool = False) -> list[str]:
             "hidden-states-dtype": "float32",
         }  # fmt: skip
     options |= {k.replace("_", "-"): v for k, v in s.speculators.items()}
+    if dry_run:
+        # The untrained baseline is written by one plain process; speculators refuses
+        # --fsdp-shard outside torchrun, and sharding changes nothing that is saved.
+        options.pop("fsdp-shard", None)
     argv = []
     for key, value in options.items():
         if isinstance(value, bool):

@@ -100,3 +100,15 @@ def test_defaults_choose_adamw_and_a_users_speculators_option_wins(tmp_path: Pat
     chosen = write_config(tmp_path / "b.yaml", **base, device="cuda", speculators={"optimizer": "muon"})
     argv = train.speculators_argv(train.TrainSettings.load(chosen))
     assert argv.count("--optimizer") == 1 and argv[argv.index("--optimizer") + 1] == "muon"
+
+
+def test_fsdp_shard_reaches_training_but_not_the_single_process_baseline(tmp_path: Path) -> None:
+    stub = verifier_stub.build(tmp_path / "kimi-stub", hidden_size=64, vocab_size=512, layers=8)
+    config = write_config(
+        tmp_path / "c.yaml", verifier=str(stub), data=str(tmp_path), out=str(tmp_path / "o"),
+        aux_layer_ids=[2, 4, 6], device="cuda", speculators={"fsdp_shard": True},
+    )  # fmt: skip
+    settings = train.TrainSettings.load(config)
+    assert "--fsdp-shard" in train.speculators_argv(settings)
+    # speculators refuses --fsdp-shard outside torchrun; the baseline is one plain process.
+    assert "--fsdp-shard" not in train.speculators_argv(settings, dry_run=True)

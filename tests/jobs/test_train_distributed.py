@@ -1,4 +1,5 @@
-"""jobs.train under torchrun: two CPU processes on the gloo backend (the multi-GPU path, minus the GPUs)."""
+"""jobs.train under torchrun: two CPU processes on the gloo backend (the multi-GPU path, minus the
+GPUs), data parallel (DDP) and fully sharded (speculators' ``fsdp_shard``, torch FSDP2)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from jobs import tiny_model
@@ -16,24 +18,27 @@ from tests.jobs.conftest import AUX_LAYER_IDS, Server, fused_training_data
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_two_process_torchrun_trains_one_drafter_with_the_single_process_config(
-    hs_server: Server, tmp_path: Path
-) -> None:
-    questions = tmp_path / "q.jsonl"
+@pytest.fixture(scope="module")
+def prepared(hs_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("distributed-data")
+    questions = work / "q.jsonl"
     questions.write_text(
         "".join(json.dumps({"id": f"d{i}", "prompt": q}) + "\n" for i, q in enumerate(tiny_model.corpus(48, seed=3)))
     )
-    prepared = fused_training_data(
-        hs_server, questions, tmp_path, rows=48, max_tokens=96, concurrency=16, seq_length=1024
-    )
+    return fused_training_data(hs_server, questions, work, rows=48, max_tokens=96, concurrency=16, seq_length=1024)
 
+
+@pytest.mark.parametrize("fsdp_shard", [False, True], ids=["ddp", "fsdp"])
+def test_two_process_torchrun_trains_one_drafter_with_the_single_process_config(
+    hs_server: Server, prepared: Path, tmp_path: Path, fsdp_shard: bool
+) -> None:
     config = tmp_path / "train.yaml"
     config.write_text(
         yaml.safe_dump(
             {
                 "verifier": str(hs_server.model_path), "data": str(prepared), "out": str(tmp_path / "drafter"),
                 "aux_layer_ids": AUX_LAYER_IDS, "draft_vocab_size": 512, "seq_length": 1024,
-                "speculators": {"epochs": 1},
+                "speculators": {"epochs": 1, "fsdp_shard": fsdp_shard},
             }
         )
     )  # fmt: skip
@@ -45,6 +50,9 @@ def test_two_process_torchrun_trains_one_drafter_with_the_single_process_config(
     assert "dp_size=2" in log, log[-3000:]
     final = tmp_path / "drafter" / "final"
     assert json.loads((tmp_path / "drafter" / "train-complete.json").read_text())["aux_layer_ids"] == AUX_LAYER_IDS
+    # FSDP checkpoints are written by every rank (torch.distributed.checkpoint) and gathered into
+    # one safetensors file; DDP's by rank 0. Either way vLLM needs one loadable weights file.
+    assert (final / "model.safetensors").stat().st_size > 0
 
     single = subprocess.run(
         [sys.executable, "-m", "jobs.train", "--config", str(config), "--dry-run", str(tmp_path / "single")],
@@ -54,3 +62,11 @@ def test_two_process_torchrun_trains_one_drafter_with_the_single_process_config(
     # Same drafter config; only the saved dtype differs (training saves bf16, the dry run fp32).
     trained, untrained = (json.loads((d / "config.json").read_text()) for d in (final, tmp_path / "single"))
     assert {k: v for k, v in trained.items() if k != "dtype"} == {k: v for k, v in untrained.items() if k != "dtype"}
+    # The trained weights have the untrained drafter's tensors, names and shapes (no FSDP prefixes).
+    from safetensors import safe_open
+
+    def shapes(path: Path) -> dict[str, tuple[int, ...]]:
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+
+    assert shapes(final) == shapes(tmp_path / "single")
