@@ -21,7 +21,8 @@ training settings. Anything under ``speculators:`` is passed to speculators' ``T
     torchrun --nnodes 2 --node-rank R --master-addr H ... -m jobs.train --config train.yaml
 
 An interrupted run resumes from speculators' last checkpoint (sub-epoch checkpoints are on by
-default); a run whose ``<out>/train-complete.json`` matches the config does nothing. After
+default); a run whose ``<out>/train-complete.json`` matches the config does nothing. Each node
+records its part in ``<out>/nodes/node-<r>.json`` (node rank, world size) when training ends. After
 training, the checkpoint's ``eagle_aux_hidden_state_layer_ids`` is checked against the config:
 a silently defaulted layer list would load in vLLM and collapse acceptance.
 """
@@ -35,6 +36,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,11 +200,37 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def write_node_record(out: Path, fingerprint: str) -> Path | None:
+    """``<out>/nodes/node-<r>.json`` from each torchrun node's first process once training has
+    finished: the node's share of the world, the output a multi-node stage checks on every node
+    (rank 0 alone writes the drafter)."""
+    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        return None
+    node = int(os.environ.get("GROUP_RANK", "0"))
+    record = {
+        "node_rank": node,
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        "fingerprint": fingerprint,
+        "finished": time.time(),
+    }
+    path = out / "nodes" / f"node-{node}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.rename(path)
+    return path
+
+
 def train(s: TrainSettings) -> dict[str, Any]:
     out = Path(s.out)
     marker = out / MARKER
     fingerprint = s.fingerprint()
-    if marker.exists() and json.loads(marker.read_text()).get("fingerprint") == fingerprint:
+    if (
+        marker.exists()
+        and json.loads(marker.read_text()).get("fingerprint") == fingerprint
+        and (out / "final" / "config.json").exists()
+    ):
         LOG.info("%s is complete for this config; nothing to do", out / "final")
         return json.loads(marker.read_text())
     if s.hidden_states == "offline":
@@ -214,6 +242,7 @@ def train(s: TrainSettings) -> dict[str, Any]:
             )
     out.mkdir(parents=True, exist_ok=True)
     run_speculators(s, speculators_argv(s))
+    write_node_record(out, fingerprint)
     if rank() != 0:
         return {}
     checkpoint = last_checkpoint(out / "checkpoints")

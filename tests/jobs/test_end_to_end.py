@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,6 +80,13 @@ def test_trained_drafter_beats_an_untrained_one_in_vllm(hs_server: Server, tmp_p
 
     third = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert third.returncode == 0 and "nothing to do" in third.stderr, third.stderr[-2000:]
+
+    # A matching marker without the drafter is not complete: the job makes final/ again from the
+    # last checkpoint (every epoch is done, so nothing is trained).
+    shutil.rmtree(out / "final")
+    fourth = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert fourth.returncode == 0 and "nothing to do" not in fourth.stderr, fourth.stderr[-2000:]
+    assert json.loads((out / "final" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == AUX_LAYER_IDS
 
     untrained = tmp_path / "untrained"
     dry = subprocess.run([*cmd, "--dry-run", str(untrained)], cwd=ROOT, capture_output=True, text=True)

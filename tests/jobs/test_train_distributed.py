@@ -49,6 +49,8 @@ def test_two_process_torchrun_trains_one_drafter_with_the_single_process_config(
     assert run.returncode == 0, log[-4000:]
     assert "dp_size=2" in log, log[-3000:]
     final = tmp_path / "drafter" / "final"
+    node = json.loads((tmp_path / "drafter" / "nodes" / "node-0.json").read_text())
+    assert (node["node_rank"], node["world_size"], node["local_world_size"]) == (0, 2, 2)
     assert json.loads((tmp_path / "drafter" / "train-complete.json").read_text())["aux_layer_ids"] == AUX_LAYER_IDS
     # FSDP checkpoints are written by every rank (torch.distributed.checkpoint) and gathered into
     # one safetensors file; DDP's by rank 0. Either way vLLM needs one loadable weights file.
