@@ -137,11 +137,12 @@ def connection(info: dict[str, Any], created: bool) -> dict[str, Any]:
     }
 
 
-def up(name: str, bind_ro: list[str] = ()) -> dict[str, Any]:
+def up(name: str, bind_ro: list[str] = (), bind: list[str] = ()) -> dict[str, Any]:
     """Boot host NAME (or return the running one) and wait until systemd and sshd are up.
 
     ``bind_ro`` entries are ``SRC[:DST]`` directories of this machine shown read-only inside
-    the host (a wheelhouse, a model), as a shared file system would be on a cluster.
+    the host (a wheelhouse, a model); ``bind`` ones writable (created if missing): hosts given
+    the same SRC share it, as they would an NFS run directory on a cluster.
     """
     with locked():
         known = hosts()
@@ -159,6 +160,8 @@ def up(name: str, bind_ro: list[str] = ()) -> dict[str, Any]:
         info = {"name": name, "index": index, "address": address, "netns": netns, "veth": veth, "home": str(home)}
 
         home.mkdir(parents=True)
+        for spec in bind:
+            Path(spec.split(":")[0]).mkdir(parents=True, exist_ok=True)
         run("cp", "-a", "--reflink=auto", str(base_rootfs()), str(rootfs))
         run("ssh-keygen", "-A", "-f", str(rootfs))
         (rootfs / "etc/hostname").write_text(name + "\n")
@@ -171,6 +174,9 @@ def up(name: str, bind_ro: list[str] = ()) -> dict[str, Any]:
         run("ip", "link", "add", veth, "type", "veth", "peer", "name", "host0", "netns", netns)
         run("ip", "addr", "add", f"{SUBNET}.{index}.1/30", "dev", veth)
         run("ip", "link", "set", veth, "up")
+        # Route between test hosts (multi-node training), through this veth only: the machine's
+        # global forwarding setting is left alone and nothing is NATed to the outside.
+        run("sysctl", "-q", "-w", f"net.ipv4.conf.{veth}.forwarding=1")
         run("ip", "-n", netns, "addr", "add", f"{address}/30", "dev", "host0")
         run("ip", "-n", netns, "link", "set", "host0", "up")
         run("ip", "-n", netns, "link", "set", "lo", "up")
@@ -181,7 +187,7 @@ def up(name: str, bind_ro: list[str] = ()) -> dict[str, Any]:
             [
                 "systemd-nspawn", "--boot", "--register=no", "--keep-unit", f"--directory={rootfs}",
                 f"--machine={name}", f"--network-namespace-path=/run/netns/{netns}", "--console=passive",
-                *(f"--bind-ro={spec}" for spec in bind_ro),
+                *(f"--bind-ro={spec}" for spec in bind_ro), *(f"--bind={spec}" for spec in bind),
             ],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
@@ -285,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="boot hosts and print their connection details as JSON")
     p_up.add_argument("names", nargs="+")
     p_up.add_argument("--bind-ro", action="append", default=[], metavar="SRC[:DST]", help="read-only bind mount")
+    p_up.add_argument("--bind", action="append", default=[], metavar="SRC[:DST]", help="writable bind mount (shared)")
     p_down = sub.add_parser("down", help="stop hosts and check nothing is left behind")
     p_down.add_argument("names", nargs="*")
     p_down.add_argument("--all", action="store_true")
@@ -305,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "base":
         print(base_rootfs())
     elif args.command == "up":
-        print(json.dumps([up(name, args.bind_ro) for name in args.names], indent=2))
+        print(json.dumps([up(name, args.bind_ro, args.bind) for name in args.names], indent=2))
     elif args.command == "down":
         return down(sorted(hosts()) if args.all else args.names)
     elif args.command == "wheelhouse":
