@@ -15,7 +15,7 @@ echo "== unit tests" >&2
 pytest
 
 echo "== molecule" >&2
-for scenario in ${MOLECULE_SCENARIOS:-preflight vllm_server pipeline}; do
+for scenario in ${MOLECULE_SCENARIOS:-preflight vllm_server pipeline pipeline_multinode}; do
   molecule test -s "$scenario"
 done
 echo "== all tests passed" >&2
