@@ -10,6 +10,10 @@ measured bf16 matmul rate, plus each variant's ratio to the first (the peer).
 
     python bench/train_kimi_shapes.py --work /tmp/bench --out results.json \\
         --variant 'peer=speculators' --variant 'ours=jobs'
+
+A variant flag ``world1`` (not passed on) runs it as rank 0 of a one-process torch.distributed
+world, with the environment torchrun would set: speculators' distributed path (NCCL, DDP, or FSDP
+with ``fsdp_shard``) on one GPU, in-process so its peak memory is still measured.
 """
 
 from __future__ import annotations
@@ -191,6 +195,7 @@ def main() -> int:
         for pair in pairs:
             key, _, value = pair.partition("=")
             extra[key] = True if value == "" else (int(value) if value.isdigit() else value)
+        world1 = extra.pop("world1", False)
         save = args.work / "runs" / name
         subprocess.run(["rm", "-rf", str(save)], check=True)
         save.mkdir(parents=True)
@@ -200,11 +205,15 @@ def main() -> int:
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
+        if world1:
+            env |= {"LOCAL_RANK": "0", "RANK": "0", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "1",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}  # fmt: skip
         wrapped = [sys.executable, str(ROOT / "bench" / "peak_memory.py"), *cmd[1:]]
         proc = subprocess.run(wrapped, cwd=ROOT, env=env, capture_output=True, text=True)
         log = proc.stdout + proc.stderr
         (args.out.parent / f"log-{name}.txt").write_text(log[-200_000:])
-        row: dict[str, object] = {"name": name, "kind": kind, "extra": extra, "rc": proc.returncode}
+        row: dict[str, object] = {"name": name, "kind": kind, "extra": extra | ({"world1": True} if world1 else {}),
+                                  "rc": proc.returncode}  # fmt: skip
         peak = re.search(r"PEAK_MEMORY_GIB=([0-9.]+)", log)
         row["peak_memory_gib"] = float(peak.group(1)) if peak else None
         try:
