@@ -87,3 +87,20 @@ def test_running_stage_is_attached_to_and_a_killed_one_restarts(tmp_path: Path) 
     assert st.status(stage, "h")["state"] == "todo"
     assert run(stage, "h", out)["wait"]["rc"] == 0
     assert st.status(stage, "h")["state"] == "complete"
+
+
+def test_concurrent_atomic_writes_to_one_file_do_not_collide(tmp_path: Path) -> None:
+    # `start` and the supervisor it spawns both write <stage>.pid; a shared temporary name let one
+    # rename the other's file away (FileNotFoundError), killing the supervisor before its log.
+    from concurrent.futures import ThreadPoolExecutor
+
+    target = tmp_path / "x.pid"
+
+    def write(i: int) -> None:
+        for _ in range(200):
+            st.write_atomic(target, f"{i}\n")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(8)))  # re-raises any writer's exception
+    assert target.read_text().strip() in {str(i) for i in range(8)}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.pid"]  # no temporary file left behind
