@@ -43,6 +43,8 @@ from typing import Any
 
 import yaml
 
+from jobs.stage import write_atomic
+
 LOG = logging.getLogger("jobs.train")
 MARKER = "train-complete.json"
 
@@ -216,9 +218,7 @@ def write_node_record(out: Path, fingerprint: str) -> Path | None:
     }
     path = out / "nodes" / f"node-{node}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.rename(path)
+    write_atomic(path, json.dumps(record, indent=2) + "\n")
     return path
 
 
@@ -263,9 +263,7 @@ def train(s: TrainSettings) -> dict[str, Any]:
         "draft_vocab_size": config.get("draft_vocab_size"),
         "settings": asdict(s),
     }
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.rename(marker)
+    write_atomic(marker, json.dumps(result, indent=2) + "\n")
     return result
 
 
