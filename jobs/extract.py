@@ -127,20 +127,29 @@ def check_file(path: Path, token_ids: list[int], shape: Shape, full: bool = Fals
     return None
 
 
-def place(src: Path, dst: Path, token_ids: list[int], shape: Shape) -> None:
-    """Validate ``src`` fully, then move it to ``dst`` atomically (copy + rename across filesystems)."""
+def place(src: Path, dst: Path, token_ids: list[int], shape: Shape, keep_source: bool = False) -> None:
+    """Validate ``src`` fully, then put it at ``dst`` atomically: moved (a server's scratch file),
+    or with ``keep_source`` hard-linked (copied across filesystems), so that a fused capture stays
+    where generation recorded it and extraction can be redone (prepare ran again) without
+    generating again. A hard link costs no disk."""
     problem = check_file(src, token_ids, shape, full=True)
     if problem:
         raise ValueError(f"{src}: {problem}")
     tmp = dst.with_name(f".{dst.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    same_fs = src.stat().st_dev == dst.parent.stat().st_dev
     try:
-        os.replace(src, tmp) if src.stat().st_dev == dst.parent.stat().st_dev else shutil.copyfile(src, tmp)
+        if same_fs:
+            os.link(src, tmp) if keep_source else os.replace(src, tmp)
+        else:
+            shutil.copyfile(src, tmp)
         with tmp.open("rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
-    src.unlink(missing_ok=True)
+    if not keep_source:
+        src.unlink(missing_ok=True)
 
 
 def free_bytes(path: Path) -> int:
@@ -164,16 +173,17 @@ def fused_index(rows_dirs: list[Path]) -> dict[str, list[Path]]:
     """token-id key → hidden-states files (identical answers share a key), from
     ``jobs.generate --fused-hidden-states`` rows."""
     index: dict[str, list[Path]] = {}
-    for rows_dir in rows_dirs:
-        for rows_file in sorted(rows_dir.glob("rows-*.jsonl")):
+    for rows_path in rows_dirs:
+        for rows_file in sorted([rows_path] if rows_path.suffix == ".jsonl" else rows_path.glob("rows-*.jsonl")):
             with rows_file.open() as f:
                 for line in f:
                     row = json.loads(line)
                     if row.get("hidden_states_path"):
                         path = Path(row["hidden_states_path"])
                         # Rows gathered from another host carry their files in hidden_states/.
-                        if not path.exists() and (rows_dir / "hidden_states" / path.name).exists():
-                            path = rows_dir / "hidden_states" / path.name
+                        gathered = rows_file.parent / "hidden_states" / path.name
+                        if not path.exists() and gathered.exists():
+                            path = gathered
                         index.setdefault(token_key(row["input_ids"]), []).append(path)
     return index
 
@@ -243,7 +253,7 @@ async def extract_from_server(
 def gather_fused(
     index: dict[str, list[Path]], todo: list[int], tokens: dict[int, list[int]], out: Path, shape: Shape, stats: Stats
 ) -> list[int]:
-    """Move fused-capture files into place; return the rows still without hidden states."""
+    """Link fused-capture files into place; return the rows still without hidden states."""
     left = []
     for i in todo:
         candidates = [p for p in index.get(token_key(tokens[i]), []) if p.exists()]
@@ -252,7 +262,7 @@ def gather_fused(
             left.append(i)
             continue
         try:
-            place(src, hs_path(out, i), tokens[i], shape)
+            place(src, hs_path(out, i), tokens[i], shape, keep_source=True)
         except ValueError as err:
             LOG.warning("fused file for row %d not usable (%s); it will be extracted", i, err)
             left.append(i)
@@ -324,7 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="default: <data>/hidden_states (where speculators reads them)")
     parser.add_argument("--server", help="vLLM server with extract_hidden_states, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", help="served model name (default: the server's only model)")
-    parser.add_argument("--fused-rows", type=Path, action="append", default=[], help="jobs.generate output dir")
+    parser.add_argument(
+        "--fused-rows",
+        type=Path,
+        action="append",
+        default=[],
+        help="a rows-<rank>.jsonl file or a jobs.generate output dir (repeat)",
+    )
     parser.add_argument("--layers", type=int, required=True, help="layers captured per token (aux + final)")
     parser.add_argument("--hidden-size", type=int, help="target hidden size (or give --target)")
     parser.add_argument("--target", type=Path, help="target model dir, to read hidden_size from config.json")

@@ -10,6 +10,15 @@ complete for the same inputs, resumes when it was interrupted, and reports progr
   runs the command (stdout and stderr to ``<name>.log``) and, only if it exits 0, records the
   outputs (path, size, and sha256 for files up to 16 MiB) and the job's summary JSON, and writes
   the marker atomically, then the exit code.
+
+  What the job resumes from is keyed on the inputs hash, here and nowhere else: every path the
+  stage *owns* (``--owns``, by default its outputs: everything its job writes and resumes from) is
+  deleted before the job starts unless the last start of this stage was for the same inputs hash.
+  An interrupted stage (same hash) resumes from its partial output; a stage whose inputs changed
+  (or whose owned paths were made by nobody knows what) starts from nothing, so a job never
+  mixes outputs made under other inputs with new ones. Owned paths must lie inside ``--dir``.
+* ``pids``: the PIDs of the run's own processes (every running stage's process tree and the
+  cgroup of each ``--unit``), which the pre-flight gate exempts from "GPU busy".
 * ``wait``: blocks up to ``--timeout`` seconds; prints ``{"done", "rc", "progress", ...}`` (the
   last line of the job's log as progress). Exits 1 with the log tail when the job failed.
 
@@ -24,6 +33,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -136,20 +146,80 @@ def status(stage: Stage, inputs_hash: str) -> dict[str, Any]:
     return {"stage": stage.name, "state": "todo", "reason": problem}
 
 
-def start(stage: Stage, inputs_hash: str, command: list[str], outputs: list[Path], summary: Path | None) -> dict:
+def last_request(stage: Stage) -> dict[str, Any] | None:
+    try:
+        request = json.loads(stage.file("request.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return request if isinstance(request, dict) else None
+
+
+def inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def discard(stage: Stage, paths: list[Path]) -> list[str]:
+    """Delete ``paths`` (files or directories), each first renamed into ``.stages`` so that a
+    kill half-way never leaves a partly deleted output where a job would resume from it."""
+    removed = []
+    for path in sorted(set(paths)):
+        if not inside(path, stage.dir) or path == stage.dir or inside(path, stage.state_dir):
+            raise ValueError(
+                f"stage {stage.name} owns {path}, which is not inside its run directory {stage.dir}: "
+                "refusing to delete it (give owned paths under --dir)"
+            )
+        if not path.exists() and not path.is_symlink():
+            continue
+        trash = Path(tempfile.mkdtemp(dir=stage.state_dir, prefix=f".discard-{stage.name}-"))
+        try:
+            path.rename(trash / path.name)
+        except OSError:  # another filesystem under the run directory: delete in place
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        shutil.rmtree(trash)
+        removed.append(str(path))
+    return removed
+
+
+def start(
+    stage: Stage,
+    inputs_hash: str,
+    command: list[str],
+    outputs: list[Path],
+    summary: Path | None,
+    owns: list[Path] | None = None,
+) -> dict:
     current = status(stage, inputs_hash)
     if current["state"] != "todo":
         return {**current, "started": False}
     stage.state_dir.mkdir(parents=True, exist_ok=True)
+    owned = [p.resolve() for p in (owns if owns else outputs)]
+    previous = last_request(stage)
+    discarded: list[str] = []
+    if previous is None or previous.get("inputs_hash") != inputs_hash:
+        # Outputs made under other inputs (or by an unknown run): nothing of them may be reused.
+        # The previous start's owned paths go too, in case the paths themselves changed.
+        # (Those outside this run directory belong to wherever the directory was copied from.)
+        before = [Path(p) for p in (previous or {}).get("owns", []) if inside(Path(p), stage.dir)]
+        discarded = discard(stage, owned + before)
     for suffix in ("json", "rc", "pid"):
         stage.file(suffix).unlink(missing_ok=True)
     request = {
         "inputs_hash": inputs_hash,
         "command": command,
         "outputs": [str(p.resolve()) for p in outputs],
+        "owns": [str(p) for p in owned],
         "summary": str(summary.resolve()) if summary else None,
     }
     write_atomic(stage.file("request.json"), json.dumps(request, indent=2) + "\n")
+    if discarded or previous is not None:
+        how = (
+            f"inputs changed ({(previous or {}).get('inputs_hash', 'none')[:12]} -> {inputs_hash[:12]}): "
+            f"removed {', '.join(discarded) or 'nothing (no earlier output)'}"
+            if previous is None or previous.get("inputs_hash") != inputs_hash
+            else f"resuming {inputs_hash[:12]} from its partial output ({current.get('reason')})"
+        )
+        with stage.file("log").open("a") as log:
+            log.write(f"== {time.strftime('%Y-%m-%dT%H:%M:%S')} stage {stage.name}: {how}\n")
     supervisor = subprocess.Popen(
         [sys.executable, "-m", "jobs.stage", "_supervise", "--dir", str(stage.dir), "--name", stage.name],
         start_new_session=True,
@@ -159,7 +229,9 @@ def start(stage: Stage, inputs_hash: str, command: list[str], outputs: list[Path
         cwd=Path(__file__).resolve().parents[1],
     )
     write_atomic(stage.file("pid"), f"{supervisor.pid}\n")
-    return {**current, "state": "running", "started": True, "pid": supervisor.pid}
+    resumed = previous is not None and previous.get("inputs_hash") == inputs_hash
+    return {**current, "state": "running", "started": True, "pid": supervisor.pid, "resumed": resumed,
+            "discarded": discarded}  # fmt: skip
 
 
 def supervise(stage: Stage) -> int:
@@ -228,9 +300,67 @@ def tail_text(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def descendants(roots: set[int]) -> set[int]:
+    """``roots`` and every process below them (from /proc's parent pids)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        ppid = int(text.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return found
+
+
+def unit_pids(unit: str) -> set[int]:
+    """Every process of a systemd unit: its cgroup's (v2), else its main PID's tree."""
+    try:
+        shown = subprocess.run(
+            ["systemctl", "show", "--property", "ControlGroup,MainPID", unit],
+            capture_output=True, text=True, timeout=30, check=False,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    props = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+    pids: set[int] = set()
+    group = props.get("ControlGroup", "")
+    if group:
+        for procs in Path("/sys/fs/cgroup", group.lstrip("/")).glob("**/cgroup.procs"):
+            try:
+                pids |= {int(x) for x in procs.read_text().split()}
+            except OSError:
+                continue
+    main_pid = int(props.get("MainPID") or 0)
+    return pids or (descendants({main_pid}) if main_pid else set())
+
+
+def own_pids(run_dir: Path, units: list[str]) -> list[int]:
+    """The processes that belong to this run: its servers' units and every running stage's tree
+    (the pre-flight gate does not count their GPUs as busy)."""
+    roots = set()
+    for pid_file in (run_dir / ".stages").glob("*.pid"):
+        stage = Stage(run_dir, pid_file.name.removesuffix(".pid"))
+        if pid_alive(pid_file) and not stage.file("rc").exists():
+            roots.add(int(pid_file.read_text()))
+    pids = descendants(roots) if roots else set()
+    for unit in units:
+        pids |= unit_pids(unit)
+    return sorted(pids)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.stage", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
+    pids = sub.add_parser("pids", help="PIDs of this run's own processes (running stages, its server units)")
+    pids.add_argument("--dir", type=Path, required=True, help="the run directory")
+    pids.add_argument("--unit", action="append", default=[], help="a systemd unit of the run (repeat)")
     for name in ("status", "start", "wait", "_supervise"):
         p = sub.add_parser(name)
         p.add_argument("--dir", type=Path, required=True, help="the stage's run directory")
@@ -240,10 +370,18 @@ def main(argv: list[str] | None = None) -> int:
         if name == "start":
             p.add_argument("--output", type=Path, action="append", default=[], help="output file or dir (repeat)")
             p.add_argument("--summary", type=Path, help="the job's summary JSON, kept in the marker")
+            p.add_argument(
+                "--owns", type=Path, action="append", default=[],
+                help="a path the job writes and resumes from, deleted when the inputs hash changed (repeat; "
+                "default: the outputs)",
+            )  # fmt: skip
             p.add_argument("command", nargs=argparse.REMAINDER, help="-- the job's command")
         if name == "wait":
             p.add_argument("--timeout", type=float, default=30.0, help="seconds to block before reporting")
     args = parser.parse_args(argv)
+    if args.action == "pids":
+        print(json.dumps(own_pids(args.dir.resolve(), args.unit)))
+        return 0
     stage = Stage(args.dir.resolve(), args.name)
     if args.action == "_supervise":
         return supervise(stage)
@@ -256,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("give the job's command after --")
         if not args.output:
             parser.error("give at least one --output")
-        print(json.dumps(start(stage, args.inputs_hash, command, args.output, args.summary)))
+        print(json.dumps(start(stage, args.inputs_hash, command, args.output, args.summary, args.owns)))
         return 0
     result = wait(stage, args.timeout)
     print(json.dumps(result))

@@ -21,7 +21,9 @@ training settings. Anything under ``speculators:`` is passed to speculators' ``T
     torchrun --nnodes 2 --node-rank R --master-addr H ... -m jobs.train --config train.yaml
 
 An interrupted run resumes from speculators' last checkpoint (sub-epoch checkpoints are on by
-default); a run whose ``<out>/train-complete.json`` matches the config does nothing. Each node
+default; a run whose epochs are all done only makes ``<out>/final`` again). Whether ``<out>`` is
+still good for the data and config is decided by the stage layer (``jobs.stage`` deletes it
+when the stage's inputs changed), not here. Each node
 records its part in ``<out>/nodes/node-<r>.json`` (node rank, world size) when training ends. After
 training, the checkpoint's ``eagle_aux_hidden_state_layer_ids`` is checked against the config:
 a silently defaulted layer list would load in vLLM and collapse acceptance.
@@ -30,7 +32,6 @@ a silently defaulted layer list would load in vLLM and collapse acceptance.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -90,12 +91,6 @@ class TrainSettings:
             raise ConfigError("hidden_states: online needs endpoint: the vLLM server that extracts them")
         if len(self.aux_layer_ids) != len(set(self.aux_layer_ids)) or not self.aux_layer_ids:
             raise ConfigError(f"aux_layer_ids must be distinct layer numbers, got {self.aux_layer_ids}")
-
-    def fingerprint(self) -> str:
-        data = Path(self.data)
-        summary = data / "prepare-summary.json"
-        inputs = {"settings": asdict(self), "data": summary.read_text() if summary.exists() else None}
-        return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
 def verifier_text_config(verifier: str) -> dict[str, Any]:
@@ -202,7 +197,7 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def write_node_record(out: Path, fingerprint: str) -> Path | None:
+def write_node_record(out: Path) -> Path | None:
     """``<out>/nodes/node-<r>.json`` from each torchrun node's first process once training has
     finished: the node's share of the world, the output a multi-node stage checks on every node
     (rank 0 alone writes the drafter)."""
@@ -213,7 +208,6 @@ def write_node_record(out: Path, fingerprint: str) -> Path | None:
         "node_rank": node,
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
         "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-        "fingerprint": fingerprint,
         "finished": time.time(),
     }
     path = out / "nodes" / f"node-{node}.json"
@@ -225,14 +219,6 @@ def write_node_record(out: Path, fingerprint: str) -> Path | None:
 def train(s: TrainSettings) -> dict[str, Any]:
     out = Path(s.out)
     marker = out / MARKER
-    fingerprint = s.fingerprint()
-    if (
-        marker.exists()
-        and json.loads(marker.read_text()).get("fingerprint") == fingerprint
-        and (out / "final" / "config.json").exists()
-    ):
-        LOG.info("%s is complete for this config; nothing to do", out / "final")
-        return json.loads(marker.read_text())
     if s.hidden_states == "offline":
         missing = missing_hidden_states(Path(s.data))
         if missing:
@@ -242,7 +228,7 @@ def train(s: TrainSettings) -> dict[str, Any]:
             )
     out.mkdir(parents=True, exist_ok=True)
     run_speculators(s, speculators_argv(s))
-    write_node_record(out, fingerprint)
+    write_node_record(out)
     if rank() != 0:
         return {}
     checkpoint = last_checkpoint(out / "checkpoints")
@@ -256,7 +242,6 @@ def train(s: TrainSettings) -> dict[str, Any]:
     shutil.rmtree(final, ignore_errors=True)
     scratch.rename(final)
     result = {
-        "fingerprint": fingerprint,
         "checkpoint": str(final),
         "from_epoch": checkpoint.name,
         "aux_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),

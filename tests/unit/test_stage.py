@@ -104,3 +104,90 @@ def test_concurrent_atomic_writes_to_one_file_do_not_collide(tmp_path: Path) -> 
         list(pool.map(write, range(8)))  # re-raises any writer's exception
     assert target.read_text().strip() in {str(i) for i in range(8)}
     assert [p.name for p in tmp_path.iterdir()] == ["x.pid"]  # no temporary file left behind
+
+
+# A resumable job: appends one line per run to out/rows.txt (keeping what is there, as
+# jobs.generate keeps finished rows) and to the checkpoint it owns beside its output; it takes
+# the line from argv, so each run's inputs are visible in what it wrote.
+APPEND = (
+    "import pathlib,sys; d=pathlib.Path(sys.argv[1]); d.mkdir(exist_ok=True); c=pathlib.Path(sys.argv[2]);"
+    " [open(p,'a').write(sys.argv[3]+'\\n') for p in (d/'rows.txt', c)]"
+)
+
+
+def append_run(stage: st.Stage, h: str, out: Path, ckpt: Path, line: str) -> dict:
+    started = st.start(stage, h, [PY, "-c", APPEND, str(out), str(ckpt), line], [out], None, owns=[out, ckpt])
+    assert st.wait(stage, timeout=60)["rc"] == 0
+    return started
+
+
+def test_changed_inputs_delete_every_owned_path_before_the_job_starts(tmp_path: Path) -> None:
+    stage, out, ckpt = st.Stage(tmp_path, "gen"), tmp_path / "gen", tmp_path / "ckpt.txt"
+    assert append_run(stage, "h1", out, ckpt, "t=0.0")["discarded"] == []
+    assert (out / "rows.txt").read_text() == "t=0.0\n"
+
+    again = append_run(stage, "h2", out, ckpt, "t=0.3")
+    assert again["discarded"] == sorted([str(out), str(ckpt)]) and again["resumed"] is False
+    # Rebuilt from nothing: no row and no checkpoint of the old inputs survives.
+    assert (out / "rows.txt").read_text() == "t=0.3\n" and ckpt.read_text() == "t=0.3\n"
+    assert "inputs changed" in stage.file("log").read_text()
+    assert not list(stage.state_dir.glob(".discard-*"))  # nothing left in the trash
+    assert st.status(stage, "h2")["state"] == "complete"
+
+
+def test_an_interrupted_stage_with_the_same_inputs_resumes_from_its_partial_output(tmp_path: Path) -> None:
+    stage, out, ckpt = st.Stage(tmp_path, "gen"), tmp_path / "gen", tmp_path / "ckpt.txt"
+    append_run(stage, "h1", out, ckpt, "first")
+    stage.marker.unlink()  # as if the host died after the job's writes, before the marker
+    again = append_run(stage, "h1", out, ckpt, "second")
+    assert again["resumed"] is True and again["discarded"] == []
+    assert (out / "rows.txt").read_text() == "first\nsecond\n" and ckpt.read_text() == "first\nsecond\n"
+
+
+def test_outputs_of_unknown_origin_are_not_reused(tmp_path: Path) -> None:
+    # Files already in place with no start recorded for them (copied in, or left by a run whose
+    # .stages was removed) were made under unknown inputs.
+    stage, out, ckpt = st.Stage(tmp_path, "gen"), tmp_path / "gen", tmp_path / "ckpt.txt"
+    out.mkdir()
+    (out / "rows.txt").write_text("stale\n")
+    assert append_run(stage, "h", out, ckpt, "fresh")["discarded"] == [str(out)]
+    assert (out / "rows.txt").read_text() == "fresh\n"
+
+
+def test_owned_paths_outside_the_run_directory_are_refused(tmp_path: Path) -> None:
+    run_dir, elsewhere = tmp_path / "run", tmp_path / "precious"
+    run_dir.mkdir()
+    elsewhere.mkdir()
+    stage = st.Stage(run_dir, "gen")
+    try:
+        st.start(stage, "h", ["true"], [run_dir / "out"], None, owns=[elsewhere])
+    except ValueError as err:
+        assert "not inside its run directory" in str(err)
+    else:
+        raise AssertionError("an owned path outside the run directory was accepted")
+    assert elsewhere.is_dir()
+
+
+def test_own_pids_are_the_running_stages_process_trees(tmp_path: Path) -> None:
+    stage = st.Stage(tmp_path, "train")
+    # The job starts a child of its own (torchrun starts workers): both belong to the run.
+    tree = "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); time.sleep(60)"
+    st.start(stage, "h", [PY, "-c", tree], [tmp_path / "o"], None)
+    stranger = __import__("subprocess").Popen([PY, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 20
+        while len(st.own_pids(tmp_path, [])) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = st.own_pids(tmp_path, [])
+        supervisor = int(stage.file("pid").read_text())
+        assert supervisor in pids and len(pids) == 3  # supervisor, job, the job's child
+        assert stranger.pid not in pids and os.getpid() not in pids
+        assert st.own_pids(tmp_path, ["no-such-unit.service"]) == pids
+    finally:
+        os.killpg(int(stage.file("pid").read_text()), signal.SIGKILL)
+        stranger.kill()
+        stranger.wait()
+    deadline = time.monotonic() + 10
+    while st.own_pids(tmp_path, []) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert st.own_pids(tmp_path, []) == []
