@@ -18,6 +18,7 @@ ROLE = ROOT / "roles/vllm_server"
 KIMI = ROOT / "inventory/kimi-k25-example/group_vars/all.yml"
 filter_loader.add_directory(str(ROLE / "filter_plugins"))
 filters = load_module(ROLE / "filter_plugins/vllm_server.py")
+plan_filter = load_module(ROOT / "roles/eagle3/filter_plugins/eagle3_plan.py")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -25,10 +26,34 @@ def load(path: Path) -> dict[str, Any]:
     return DataLoader().load_from_file(str(path), trusted_as_template=True) or {}
 
 
+def pipeline_server_vars() -> dict[str, Any]:
+    """What playbooks/train.yml passes to vllm_server for the Kimi site: its own task's vars,
+    over the plan's server (eagle3_* settings, as roles/eagle3/tasks/plan.yml publishes them)."""
+    play = load(ROOT / "playbooks/train.yml")
+    tasks = [t for p in play for t in p.get("tasks", [])]
+    (start,) = [t for t in tasks if t["name"].startswith("Start the server")]
+    site = {**load(ROOT / "roles/eagle3/defaults/main.yml"), **load(KIMI)}
+    server = {
+        "name": site["eagle3_server_name"],
+        "port": site["eagle3_server_port"],
+        "model": site["eagle3_target_model"],
+        "served_model_name": site["eagle3_served_model_name"],
+    }
+    return {
+        **{
+            k: v
+            for k, v in start["vars"].items()
+            if k not in ("vllm_server_speculative_config", "vllm_server_kv_transfer_config")
+        },
+        "eagle3_plan": {"server": server},
+    }
+
+
 def render(template: str, **overrides: Any) -> str:
     variables = {
         **load(ROLE / "defaults/main.yml"),
         **load(KIMI),
+        **pipeline_server_vars(),
         **overrides,
         **load(ROLE / "vars/main.yml"),
         "ansible_managed": "Ansible managed: do not edit",
@@ -85,6 +110,9 @@ def test_kimi_hidden_state_server_passes_aux_layers_as_json() -> None:
         **load(ROOT / "roles/eagle3/defaults/main.yml"),
         **load(KIMI),
         **load(ROOT / "roles/eagle3/vars/main.yml"),
+    }
+    eagle3["eagle3_plan"] = pipeline_server_vars()["eagle3_plan"] | {
+        "captured_layers": plan_filter.captured_layers(plan_filter.settings_of(eagle3))
     }
     argv = exec_start(
         **eagle3,

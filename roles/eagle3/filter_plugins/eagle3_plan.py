@@ -1,0 +1,258 @@
+"""The pipeline's stages, computed in one place: their names, their inputs and the hash chain.
+
+``roles/eagle3/tasks/plan.yml`` gives this filter every pipeline host's settings (its
+``eagle3_*`` variables) and the checksums of the files it reads, and gets back, for every host,
+the stages it runs with each stage's inputs and inputs hash. The stage files, ``train.yml`` and
+the records read that one result; nothing rebuilds a stage name or a hash in YAML.
+
+The chain: ``generate-<rank>`` (one per generator) → ``gather`` (only when other generators'
+rows must be copied to the trainer) → ``prepare`` → ``extract`` → ``train`` (node 0;
+``train-node-<r>`` on the other trainers) → ``validate``. Each stage's inputs include the hash of
+the stage before it, so a change to any input reruns its stage and everything after it, and
+nothing before. ``INPUTS`` says which setting feeds which stage; a value is normalised to its
+type first (``-e eagle3_generate_temperature=0.6`` is the string "0.6": the same input as the
+float 0.6 of group_vars, and ``-e eagle3_shared_storage=false`` is false).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+STAGES = ("generate", "gather", "prepare", "extract", "train", "validate")
+
+# setting -> (the first stage whose outputs depend on it, its type)
+INPUTS: dict[str, tuple[str, str]] = {
+    "eagle3_dataset": ("generate", "str"),
+    "eagle3_served_model_name": ("generate", "str"),
+    "eagle3_generate_max_tokens": ("generate", "int"),
+    "eagle3_generate_temperature": ("generate", "float"),
+    "eagle3_generate_top_p": ("generate", "float"),
+    "eagle3_hidden_states": ("generate", "str"),
+    "eagle3_shared_storage": ("gather", "bool"),
+    "eagle3_seq_length": ("prepare", "int"),
+    "eagle3_draft_vocab_size": ("train", "int"),
+    "eagle3_speculators": ("train", "dict"),
+    "eagle3_train_nproc_per_node": ("train", "int"),
+    "eagle3_validate_num_speculative_tokens": ("validate", "int"),
+    "eagle3_validate_max_tokens": ("validate", "int"),
+    "eagle3_validate_server_args": ("validate", "list"),
+}
+# Settings the plan needs that are not inputs of their own (aux layers feed extract, train and,
+# with fused capture, generation: see captured_layers).
+OTHER = {
+    "eagle3_run_dir": "str",
+    "eagle3_num_layers": "int",
+    "eagle3_aux_layer_ids": "list",
+    "eagle3_target_model": "str",
+    "eagle3_heldout": "str",
+}
+# The checksums plan.yml reads on each host: which stage each feeds.
+FILES = {"dataset_sha256": "generate", "model_config_sha256": "generate", "heldout_sha256": "validate"}
+TRUE, FALSE = {"true", "yes", "on", "1", "y", "t"}, {"false", "no", "off", "0", "n", "f", ""}
+
+
+class PlanError(ValueError):
+    pass
+
+
+def coerce(name: str, value: Any, kind: str) -> Any:
+    """A setting as its type, whichever way it came (group_vars, -e key=value, -e JSON)."""
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in TRUE | FALSE:
+                return text in TRUE
+            raise ValueError(value)
+        if kind == "int":
+            if isinstance(value, bool) or float(value) != int(float(value)):
+                raise ValueError(value)
+            return int(float(value))
+        if kind == "float":
+            return float(value)
+        if kind == "str":
+            return "" if value is None else str(value)
+        if kind == "list":
+            if isinstance(value, str):
+                value = json.loads(value)
+            if not isinstance(value, list):
+                raise ValueError(value)
+            return [str(v) if name == "eagle3_validate_server_args" else int(v) for v in value]
+        if kind == "dict":
+            if isinstance(value, str):
+                value = json.loads(value) if value.strip() else {}
+            if not isinstance(value, dict):
+                raise ValueError(value)
+            return value
+    except (TypeError, ValueError) as err:
+        raise PlanError(f"{name}={value!r} is not a valid {kind}") from err
+    raise AssertionError(kind)
+
+
+def settings_of(raw: dict[str, Any]) -> dict[str, Any]:
+    known = INPUTS | {k: ("", v) for k, v in OTHER.items()}
+    return {name: coerce(name, raw[name], kind) for name, (_, kind) in known.items() if name in raw}
+
+
+def digest(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def feeding(stage: str, s: dict[str, Any]) -> dict[str, Any]:
+    """The settings that feed ``stage`` directly, by their short names."""
+    return {name.removeprefix("eagle3_"): s.get(name) for name, (first, _) in INPUTS.items() if first == stage}
+
+
+def captured_layers(s: dict[str, Any]) -> list[int]:
+    """vLLM's extract_hidden_states numbering: the aux layers' inputs, then the last layer's output."""
+    return [*s.get("eagle3_aux_layer_ids", []), s.get("eagle3_num_layers", 0)]
+
+
+def problems(s: dict[str, Any], generators: list[str], trainers: list[str]) -> list[str]:
+    out = []
+    if not generators:
+        out.append('inventory group "generators" is missing or empty (the hosts that serve the target and generate)')
+    if not trainers:
+        out.append('inventory group "trainers" is missing or empty (the hosts that train; the first also validates)')
+    for name, what in (
+        ("eagle3_target_model", "the model directory on the hosts"),
+        ("eagle3_served_model_name", "the name the servers serve it under"),
+        ("eagle3_dataset", "the questions file on the generators"),
+        ("eagle3_heldout", "held-out prompts on the trainer"),
+    ):
+        if not s.get(name):
+            out.append(f"{name} is not set ({what})")
+    layers = s.get("eagle3_num_layers", 0)
+    if layers < 1:
+        out.append("eagle3_num_layers must be the target's layer count")
+    aux = s.get("eagle3_aux_layer_ids", [])
+    if not aux or max(aux) >= layers or min(aux) < 0 or len(set(aux)) != len(aux):
+        out.append(f"eagle3_aux_layer_ids must list distinct layers below eagle3_num_layers ({layers}), not {aux}")
+    if s.get("eagle3_hidden_states") not in ("fused", "separate"):
+        out.append(f"eagle3_hidden_states must be fused or separate, not {s.get('eagle3_hidden_states')!r}")
+    if len(trainers) > 1 and not s.get("eagle3_shared_storage"):
+        out.append(
+            f"training on {len(trainers)} trainers hosts needs eagle3_shared_storage: true with eagle3_run_dir on "
+            "storage they all mount (every node reads the data and resumes from the same checkpoints); or list "
+            "one host under trainers"
+        )
+    return out
+
+
+def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], trainers: list[str]) -> dict[str, Any]:
+    """``hosts``: every pipeline host's ``{"settings": {eagle3_*: value}, "files": {checksums}}``.
+
+    Returns ``{"problems": [...]}`` when the settings cannot make a run, else the plan:
+    ``trainer``, ``remote_generators`` (rows to copy to the trainer), ``rows_files`` (where the
+    trainer reads every generator's rows) and ``hosts``: per host its ``rank`` (-1: not a
+    generator), ``node_rank`` (-1: not a trainer), ``train_stage`` and ``stages``, an ordered
+    mapping of stage name to ``{"kind", "inputs", "hash"}``.
+    """
+    generators, trainers = list(generators), list(trainers)
+    trainer = trainers[0] if trainers else None
+    settings = {h: settings_of(v.get("settings", {})) for h, v in hosts.items()}
+    files = {h: v.get("files", {}) for h, v in hosts.items()}
+    base = settings.get(trainer) or (settings[generators[0]] if generators and generators[0] in settings else {})
+    found = problems(base, generators, trainers)
+    for host in generators + trainers:
+        if host not in hosts:
+            found.append(f"{host} has no settings (it was not reached by the plan)")
+    if found:
+        return {"problems": found}
+
+    plan_hosts: dict[str, dict[str, Any]] = {
+        h: {"rank": -1, "node_rank": -1, "train_stage": "", "stages": {}} for h in dict.fromkeys(generators + trainers)
+    }
+    shared = base["eagle3_shared_storage"]
+    remote = [] if shared else [g for g in generators if g != trainer]
+
+    def add(host: str, name: str, kind: str, inputs: dict[str, Any]) -> dict[str, Any]:
+        stage = {"kind": kind, "inputs": inputs, "hash": digest(inputs)}
+        plan_hosts[host]["stages"][name] = stage
+        return stage
+
+    generated = []
+    for rank, host in enumerate(generators):
+        s = settings[host]
+        plan_hosts[host]["rank"] = rank
+        inputs = {
+            **feeding("generate", s),
+            "dataset_sha256": files[host].get("dataset_sha256"),
+            "model_config_sha256": files[host].get("model_config_sha256"),
+            "rank": rank,
+            "world_size": len(generators),
+        }
+        if s["eagle3_hidden_states"] == "fused":
+            inputs["captured_layers"] = captured_layers(s)
+        generated.append(add(host, f"generate-{rank}", "generate", inputs)["hash"])
+
+    s = settings[trainer]
+    upstream = {"generate": generated, **feeding("gather", s)}
+    if remote:
+        upstream = {"gather": add(trainer, "gather", "gather", upstream)["hash"]}
+    prepare = add(
+        trainer, "prepare", "prepare",
+        {**upstream, **feeding("prepare", s), "model_config_sha256": files[trainer].get("model_config_sha256")},
+    )  # fmt: skip
+    extract = add(
+        trainer, "extract", "extract",
+        {"prepare": prepare["hash"], **feeding("extract", s), "hidden_states": s["eagle3_hidden_states"],
+         "captured_layers": captured_layers(s)},
+    )  # fmt: skip
+    train_inputs = {
+        "extract": extract["hash"],
+        **feeding("train", s),
+        "aux_layer_ids": s["eagle3_aux_layer_ids"],
+        "nnodes": len(trainers),
+    }
+    train_hash = digest(train_inputs)
+    for node, host in enumerate(trainers):
+        name = "train" if node == 0 else f"train-node-{node}"
+        plan_hosts[host] |= {"node_rank": node, "train_stage": name}
+        add(host, name, "train", train_inputs)
+    add(
+        trainer, "validate", "validate",
+        {"train": train_hash, **feeding("validate", s), "heldout_sha256": files[trainer].get("heldout_sha256")},
+    )  # fmt: skip
+
+    run_dir = s["eagle3_run_dir"]
+    rows_files = [
+        f"{run_dir}/gen/rows-{rank}.jsonl" if g not in remote else f"{run_dir}/gathered/{g}/rows-{rank}.jsonl"
+        for rank, g in enumerate(generators)
+    ]
+    return {
+        "problems": [],
+        "trainer": trainer,
+        "generators": generators,
+        "trainers": trainers,
+        "remote_generators": remote,
+        "rows_files": rows_files,
+        "captured_layers": captured_layers(s),
+        "hosts": plan_hosts,
+    }
+
+
+def eagle3_stage_status(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``jobs.stage status`` answers (a looped command's results) as a list; a stage whose status
+    was not asked (check mode on a host the jobs were never copied to) is to do."""
+    out = []
+    for res in results:
+        name = res["item"]["key"]
+        if res.get("skipped") or not res.get("stdout"):
+            out.append(
+                {"stage": name, "state": "todo", "reason": "never run on this host (the jobs are not installed)"}
+            )
+            continue
+        answer = json.loads(res["stdout"])
+        if answer.get("stage") != name:
+            raise PlanError(f"jobs.stage status for {name} answered for {answer.get('stage')!r}")
+        out.append(answer)
+    return out
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"eagle3_stage_plan": eagle3_stage_plan, "eagle3_stage_status": eagle3_stage_status}

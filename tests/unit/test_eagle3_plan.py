@@ -1,0 +1,183 @@
+"""roles/eagle3's plan filter: stage names, and that every input reruns exactly its stage and those after it."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, load_module
+
+plan = load_module(ROOT / "roles/eagle3/filter_plugins/eagle3_plan.py")
+ORDER = ["generate-0", "generate-1", "gather", "prepare", "extract", "train", "validate"]
+
+
+def tiny_settings() -> dict[str, Any]:
+    """inventory/tiny's settings over the role's defaults, as the plan reads them."""
+    settings = yaml.safe_load((ROOT / "roles/eagle3/defaults/main.yml").read_text())
+    settings |= yaml.safe_load((ROOT / "inventory/tiny/group_vars/all.yml").read_text())
+    return {k: v for k, v in settings.items() if k.startswith("eagle3_")}
+
+
+FILES = {"dataset_sha256": "d" * 64, "model_config_sha256": "m" * 64, "heldout_sha256": "h" * 64}
+
+
+def hosts(settings: dict[str, Any] | None = None, files: dict[str, str] | None = None) -> dict[str, Any]:
+    one = {"settings": settings or tiny_settings(), "files": files or dict(FILES)}
+    return {"a": copy.deepcopy(one), "b": copy.deepcopy(one)}
+
+
+def hashes(result: dict[str, Any]) -> dict[str, str]:
+    return {name: st["hash"] for h in result["hosts"].values() for name, st in h["stages"].items()}
+
+
+def rerun(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    old, new = hashes(before), hashes(after)
+    assert old.keys() == new.keys()
+    return [name for name in ORDER if old[name] != new[name]]
+
+
+def test_two_generators_one_trainer_names_every_stage_once() -> None:
+    result = plan.eagle3_stage_plan(hosts(), ["a", "b"], ["a"])
+    assert result["problems"] == []
+    assert list(result["hosts"]["a"]["stages"]) == ["generate-0", "gather", "prepare", "extract", "train", "validate"]
+    assert list(result["hosts"]["b"]["stages"]) == ["generate-1"]
+    assert (result["hosts"]["a"]["rank"], result["hosts"]["b"]["rank"]) == (0, 1)
+    assert result["remote_generators"] == ["b"]
+    run = "/var/lib/eagle3/runs/tiny"
+    assert result["rows_files"] == [f"{run}/gen/rows-0.jsonl", f"{run}/gathered/b/rows-1.jsonl"]
+    assert result["captured_layers"] == [1, 2, 3, 4]
+
+
+CHANGES = [
+    # (setting, new value, first stage to rerun)
+    ("eagle3_dataset", "/srv/data/other.jsonl", "generate"),
+    ("eagle3_served_model_name", "tiny-2", "generate"),
+    ("eagle3_generate_max_tokens", 64, "generate"),
+    ("eagle3_generate_temperature", 0.3, "generate"),
+    ("eagle3_generate_top_p", 0.5, "generate"),
+    ("eagle3_hidden_states", "separate", "generate"),
+    ("eagle3_aux_layer_ids", [0, 2, 3], "generate"),  # fused capture takes them during generation
+    ("eagle3_num_layers", 5, "generate"),
+    ("eagle3_seq_length", 1024, "prepare"),
+    ("eagle3_draft_vocab_size", 512, "train"),
+    ("eagle3_speculators", {"epochs": 2, "lr": 0.003}, "train"),
+    ("eagle3_train_nproc_per_node", 2, "train"),
+    ("eagle3_validate_num_speculative_tokens", 2, "validate"),
+    ("eagle3_validate_max_tokens", 64, "validate"),
+    ("eagle3_validate_server_args", ["--max-model-len", "1024"], "validate"),
+]
+
+
+def expected_from(first: str) -> list[str]:
+    kinds = [n.split("-")[0] for n in ORDER]
+    start = kinds.index(first)
+    return [n for n, k in zip(ORDER, kinds, strict=True) if kinds.index(k) >= start]
+
+
+@pytest.mark.parametrize(("setting", "value", "first"), CHANGES, ids=[c[0] for c in CHANGES])
+def test_a_changed_setting_reruns_its_stage_and_those_after_it(setting: str, value: Any, first: str) -> None:
+    before = plan.eagle3_stage_plan(hosts(), ["a", "b"], ["a"])
+    changed = tiny_settings() | {setting: value}
+    after = plan.eagle3_stage_plan(hosts(changed), ["a", "b"], ["a"])
+    assert rerun(before, after) == expected_from(first)
+
+
+def test_every_input_setting_is_covered_by_a_change_above() -> None:
+    assert set(plan.INPUTS) - {c[0] for c in CHANGES} == {"eagle3_shared_storage"}  # tested below
+
+
+@pytest.mark.parametrize(
+    ("file", "expected"),
+    [
+        ("dataset_sha256", expected_from("generate")),
+        ("model_config_sha256", expected_from("generate")),
+        ("heldout_sha256", ["validate"]),
+    ],
+)
+def test_a_changed_file_reruns_what_reads_it(file: str, expected: list[str]) -> None:
+    before = plan.eagle3_stage_plan(hosts(), ["a", "b"], ["a"])
+    after = plan.eagle3_stage_plan(hosts(files=FILES | {file: "0" * 64}), ["a", "b"], ["a"])
+    assert rerun(before, after) == expected
+
+
+def test_one_generators_dataset_changed_reruns_its_shard_only() -> None:
+    before = plan.eagle3_stage_plan(hosts(), ["a", "b"], ["a"])
+    both = hosts()
+    both["b"]["files"]["dataset_sha256"] = "0" * 64
+    after = plan.eagle3_stage_plan(both, ["a", "b"], ["a"])
+    assert rerun(before, after) == ["generate-1", "gather", "prepare", "extract", "train", "validate"]
+
+
+def test_settings_are_the_same_input_however_they_are_given() -> None:
+    # -e key=value gives strings; -e '{"k": [1, 2]}' gives JSON; group_vars give YAML types.
+    as_yaml = plan.eagle3_stage_plan(hosts(), ["a", "b"], ["a"])
+    as_strings = tiny_settings() | {
+        "eagle3_generate_temperature": "0.0",
+        "eagle3_generate_max_tokens": "160",
+        "eagle3_shared_storage": "false",
+        "eagle3_aux_layer_ids": "[1, 2, 3]",
+        "eagle3_speculators": '{"epochs": 5, "lr": 0.003}',
+    }
+    assert hashes(plan.eagle3_stage_plan(hosts(as_strings), ["a", "b"], ["a"])) == hashes(as_yaml)
+
+
+@pytest.mark.parametrize("text", ["false", "no", "False", "0", False])
+def test_shared_storage_false_means_false(text: Any) -> None:
+    result = plan.eagle3_stage_plan(hosts(tiny_settings() | {"eagle3_shared_storage": text}), ["a", "b"], ["a"])
+    assert result["remote_generators"] == ["b"] and "gather" in result["hosts"]["a"]["stages"]
+
+
+def test_shared_storage_drops_gather_and_reads_rows_in_place() -> None:
+    before = plan.eagle3_stage_plan(hosts(), ["a", "b"], ["a"])
+    shared = plan.eagle3_stage_plan(hosts(tiny_settings() | {"eagle3_shared_storage": "true"}), ["a", "b"], ["a"])
+    assert "gather" not in shared["hosts"]["a"]["stages"] and shared["remote_generators"] == []
+    assert shared["rows_files"][1].endswith("/gen/rows-1.jsonl")
+    # Generation does not depend on how its rows reach the trainer; everything after it does.
+    old, new = hashes(before), hashes(shared)
+    assert [n for n in ("generate-0", "generate-1") if old[n] != new[n]] == []
+    assert all(old[n] != new[n] for n in ("prepare", "extract", "train", "validate"))
+
+
+def test_rank_and_world_size_feed_generation() -> None:
+    two = plan.eagle3_stage_plan(hosts(), ["a", "b"], ["a"])
+    one = plan.eagle3_stage_plan(hosts(), ["a"], ["a"])
+    swapped = plan.eagle3_stage_plan(hosts(), ["b", "a"], ["a"])
+    assert one["hosts"]["a"]["stages"]["generate-0"]["hash"] != two["hosts"]["a"]["stages"]["generate-0"]["hash"]
+    assert swapped["hosts"]["a"]["stages"]["generate-1"]["inputs"]["rank"] == 1
+
+
+def test_several_trainers_train_together_and_only_the_first_validates() -> None:
+    shared = tiny_settings() | {"eagle3_shared_storage": True}
+    result = plan.eagle3_stage_plan(hosts(shared), ["a", "b"], ["a", "b"])
+    a, b = result["hosts"]["a"], result["hosts"]["b"]
+    assert (a["train_stage"], b["train_stage"]) == ("train", "train-node-1")
+    assert a["stages"]["train"]["hash"] == b["stages"]["train-node-1"]["hash"]
+    assert list(b["stages"]) == ["generate-1", "train-node-1"]
+    alone = plan.eagle3_stage_plan(hosts(shared), ["a", "b"], ["a"])
+    assert alone["hosts"]["a"]["stages"]["train"]["hash"] != a["stages"]["train"]["hash"]  # nnodes is an input
+
+
+def test_settings_that_cannot_make_a_run_are_all_reported() -> None:
+    bad = tiny_settings() | {"eagle3_aux_layer_ids": [1, 4], "eagle3_hidden_states": "both"}
+    del bad["eagle3_heldout"]
+    result = plan.eagle3_stage_plan(hosts(bad), ["a", "b"], ["a", "b"])
+    text = "; ".join(result["problems"])
+    assert "eagle3_heldout is not set" in text
+    assert "eagle3_aux_layer_ids must list distinct layers below eagle3_num_layers (4)" in text
+    assert "eagle3_hidden_states must be fused or separate, not 'both'" in text
+    assert "needs eagle3_shared_storage: true" in text
+    assert "hosts" not in result
+
+
+def test_a_value_of_the_wrong_type_names_the_setting() -> None:
+    with pytest.raises(plan.PlanError, match="eagle3_generate_max_tokens='lots' is not a valid int"):
+        plan.eagle3_stage_plan(hosts(tiny_settings() | {"eagle3_generate_max_tokens": "lots"}), ["a"], ["a"])
+
+
+def test_the_filter_is_registered_for_ansible() -> None:
+    assert plan.FilterModule().filters()["eagle3_stage_plan"] is plan.eagle3_stage_plan
+    assert Path(plan.__file__).parent.name == "filter_plugins"
