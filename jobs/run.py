@@ -29,35 +29,50 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOK = ROOT / "playbooks" / "train.yml"
-# roles/eagle3/tasks/stage.yml's task names, up to the stage name.
-STAGE_TASKS = {"Start the stage unless complete": "start", "Wait for the stage, reporting progress": "wait"}
 
 
 def parse_extra_vars(items: list[str]) -> dict[str, Any]:
-    """``key=value`` (value parsed as YAML) or ``@file.yml``, later ones win, as ansible's -e."""
-    out: dict[str, Any] = {}
+    """``-e`` values as ansible-playbook reads them (its own parser): ``key=value`` gives strings,
+    ``{...}``/``[...]`` is YAML/JSON, ``@file`` a YAML file; later ones win. For the manifest;
+    the strings themselves are passed to ansible-playbook unchanged."""
+    from ansible import context
+    from ansible.errors import AnsibleError
+    from ansible.module_utils.common.collections import ImmutableDict
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.utils import vars as ansible_vars
+
+    context.CLIARGS = ImmutableDict(extra_vars=tuple(items))
+    ansible_vars.load_extra_vars.extra_vars = None  # it caches the first answer
+    try:
+        loaded = ansible_vars.load_extra_vars(DataLoader())
+    except AnsibleError as err:
+        raise SystemExit(f"-e: {err.message}") from err
+    finally:
+        ansible_vars.load_extra_vars.extra_vars = None
+    return json.loads(json.dumps(loaded, default=str))
+
+
+def extra_vars_args(items: list[str]) -> list[str]:
+    """``-e`` arguments for ansible-playbook; ``@file`` made absolute (ansible-runner runs elsewhere)."""
+    out = []
     for item in items:
-        if item.startswith("@"):
-            loaded = yaml.safe_load(Path(item[1:]).read_text()) or {}
-            if not isinstance(loaded, dict):
-                raise SystemExit(f"{item[1:]}: extra vars file must hold a mapping")
-            out.update(loaded)
-        elif "=" in item:
-            key, value = item.split("=", 1)
-            out[key] = yaml.safe_load(value) if value else ""
-        else:
-            raise SystemExit(f"-e {item!r}: give key=value or @file")
+        out += ["-e", f"@{Path(item[1:]).resolve()}" if item.startswith("@") else item]
     return out
 
 
-def stage_of(task: str) -> tuple[str, str] | None:
-    """'Wait for the stage, reporting progress: generate-0' -> ('generate-0', 'wait')."""
-    head, _, name = task.rpartition(": ")
-    return (name.strip(), STAGE_TASKS[head]) if head in STAGE_TASKS else None
+def stage_of(res: dict[str, Any]) -> tuple[str, str] | None:
+    """A ``jobs.stage start`` or ``wait`` answer (what roles/eagle3/tasks/stage.yml runs), known by
+    its JSON, not by a task name: ('generate-0', 'start') or ('generate-0', 'wait')."""
+    answer = stdout_json(res)
+    if "stage" not in answer:
+        return None
+    if "started" in answer:
+        return answer["stage"], "start"
+    if "done" in answer:
+        return answer["stage"], "wait"
+    return None
 
 
 def stdout_json(res: dict[str, Any]) -> dict[str, Any]:
@@ -129,12 +144,14 @@ class Progress:
                 self.plays[-1]["finished"] = now
             self.plays.append({"play": data.get("play", ""), "started": now})
             self.say(f"== {data.get('play', '')}")
-        elif kind == "runner_on_ok" and task == "Plan the run on this host":
-            plan = res.get("ansible_facts", {}).get("eagle3_plan", {})
+        elif kind == "runner_on_ok" and "eagle3_plan" in (res.get("ansible_facts") or {}):
+            plan = res["ansible_facts"]["eagle3_plan"]
+            if not isinstance(plan, dict) or "todo" not in plan:
+                return True
             self.plan[host] = plan
             todo = plan.get("todo", [])
             self.say(f"{host}: {'every stage complete' if not todo else 'to run: ' + ', '.join(todo)}")
-        elif kind in ("runner_on_ok", "runner_retry") and (stage := stage_of(task)):
+        elif kind in ("runner_on_ok", "runner_retry") and (stage := stage_of(res)):
             self._stage_event(host, *stage, kind, stdout_json(res))
         elif kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
             failure = {"host": host, "task": task, "play": data.get("play", ""), "message": failure_message(res)}
@@ -155,7 +172,13 @@ class Progress:
                 self.say(f"{host}: {name} already complete, skipped")
             else:
                 record["started"] = time.time()
-                self.say(f"{host}: {name} {'started' if result.get('started') else 'running, attached'}")
+                how = "started" if result.get("started") else "running, attached"
+                if result.get("resumed"):
+                    how += " (resuming its partial output: same inputs)"
+                if result.get("discarded"):
+                    record["discarded"] = result["discarded"]
+                    how += f" (inputs changed: removed {', '.join(result['discarded'])})"
+                self.say(f"{host}: {name} {how}")
         elif step == "wait" and kind == "runner_retry" and result.get("progress"):
             # A new line from the job, or a heartbeat once a minute while it is quiet.
             now, line = time.time(), brief_progress(result["progress"])
@@ -225,7 +248,10 @@ def validation_lines(report: dict[str, Any] | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("-i", "--inventory", type=Path, action="append", required=True, help="repeatable")
-    parser.add_argument("-e", "--extra-vars", action="append", default=[], help="key=value or @file (repeatable)")
+    parser.add_argument(
+        "-e", "--extra-vars", action="append", default=[],
+        help="as ansible-playbook's -e: key=value, YAML/JSON, or @file (repeatable)",
+    )  # fmt: skip
     parser.add_argument("--tags", default="", help="run only these stages (comma-separated tags)")
     parser.add_argument("--limit", default="", help="ansible --limit")
     parser.add_argument("--run-dir", type=Path, help="manifest, records and artifacts (default runs/run-<time>)")
@@ -236,9 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     for inv in args.inventory:
         if not inv.exists():
             parser.error(f"inventory {inv} does not exist")
-    extra = parse_extra_vars(args.extra_vars)
+    user_extra = parse_extra_vars(args.extra_vars)
     records = args.run_dir / "records"
-    extra = {"eagle3_record_dir": str(records), "gpu_preflight_record_dir": str(records / "preflight"), **extra}
+    defaults = {"eagle3_record_dir": str(records), "gpu_preflight_record_dir": str(records / "preflight")}
+    defaults = {k: v for k, v in defaults.items() if k not in user_extra}  # a -e of the user's wins
+    extra = {**defaults, **user_extra}
     (args.run_dir / "ansible").mkdir(parents=True, exist_ok=True)
 
     import ansible_runner
@@ -250,10 +278,16 @@ def main(argv: list[str] | None = None) -> int:
         project_dir=str(ROOT),
         playbook=str(args.playbook.resolve()),
         inventory=[str(p) for p in args.inventory],
-        extravars=extra,
+        extravars=defaults,
+        cmdline=shlex.join(extra_vars_args(args.extra_vars)) or None,
         tags=args.tags or None,
         limit=args.limit or None,
-        envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ROOT / "roles")},
+        envvars={
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
+            # ansible-playbook of this Python's environment, activated or not.
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        },
         event_handler=progress,
         quiet=True,
     )

@@ -19,6 +19,7 @@ DEFAULTS = {
     "expected_gpus": -1,
     "max_memory_used_mib": 1024,
     "allow_compute_processes": False,
+    "allowed_pids": [],
     "max_uncorrected_ecc": 0,
     "forbidden_compute_modes": ["Prohibited"],
     "expected_mig_mode": "Disabled",
@@ -96,6 +97,24 @@ def test_busy_names_memory_and_every_compute_process(monkeypatch: pytest.MonkeyP
 def test_busy_passes_when_processes_are_allowed_and_memory_limit_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     result = read(monkeypatch, "h200x8-busy", allow_compute_processes=True, max_memory_used_mib=90000)
     assert result["problems"] == []
+
+
+def test_the_runs_own_server_is_exempt_and_a_foreign_process_still_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The run's own vLLM server is pid 5151 (GPU 5); a stranger, pid 4242, holds GPU 3.
+    result = read(monkeypatch, "h200x8-busy", expected_gpus=8, allowed_pids=[5151])
+    assert summary(result) == {(3, "memory.used"), (3, "compute_process")}
+    lines = " ".join(p["line"] for p in result["problems"])
+    assert "pid 4242" in lines and "5151" not in lines
+
+
+def test_only_the_allowed_processes_memory_is_discounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Allowing the process on GPU 3 discounts its 81220 MiB: 14 MiB remain, under the limit;
+    # the other process (GPU 5) is still named.
+    result = read(monkeypatch, "h200x8-busy", expected_gpus=8, allowed_pids=[4242])
+    assert summary(result) == {(5, "compute_process")}
+    strict = read(monkeypatch, "h200x8-busy", expected_gpus=8, allowed_pids=[4242], max_memory_used_mib=10)
+    assert (3, "memory.used") in summary(strict)
+    assert any("besides 81220 MiB of the run's own processes" in p["line"] for p in strict["problems"])
 
 
 def test_missing_gpu_counts(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,25 +4,48 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from jobs import run
+from jobs import stage as st
+from tests.conftest import ROOT
 
 
 def test_extra_vars_parse_like_ansible(tmp_path: Path) -> None:
     f = tmp_path / "vars.yml"
     f.write_text("a: 1\nb: [x, y]\n")
-    assert run.parse_extra_vars(["@" + str(f), "a=2", "c=", "d=true"]) == {"a": 2, "b": ["x", "y"], "c": "", "d": True}
-    with pytest.raises(SystemExit, match="key=value"):
-        run.parse_extra_vars(["nonsense"])
+    # key=value gives strings, as ansible-playbook -e does; JSON/YAML keeps its types.
+    parsed = run.parse_extra_vars(["@" + str(f), "a=2", "c=", "d=true", '{"eagle3_aux_layer_ids": [1, 3, 4]}'])
+    assert parsed == {"a": "2", "b": ["x", "y"], "c": "", "d": "true", "eagle3_aux_layer_ids": [1, 3, 4]}
+    with pytest.raises(SystemExit, match="-e"):
+        run.parse_extra_vars(["[1, 2]"])  # not a mapping
+    assert run.extra_vars_args(["@vars.yml", "a=b c"]) == ["-e", f"@{Path('vars.yml').resolve()}", "-e", "a=b c"]
 
 
-def test_stage_task_names() -> None:
-    assert run.stage_of("Start the stage unless complete: generate-0") == ("generate-0", "start")
-    assert run.stage_of("Wait for the stage, reporting progress: train") == ("train", "wait")
-    assert run.stage_of("Plan the run on this host") is None
+def test_stage_events_are_known_by_what_jobs_stage_prints(tmp_path: Path) -> None:
+    # The real answers of jobs.stage start/wait/status (what roles/eagle3/tasks/stage.yml runs),
+    # whatever the task that ran them is called.
+    stage = st.Stage(tmp_path, "generate-0")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-c", f"import pathlib; pathlib.Path({str(out)!r}).write_text('x')"]
+    started = st.start(stage, "h", cmd, [out], None)
+    waited = st.wait(stage, timeout=60)
+    status = st.status(stage, "h")
+    assert run.stage_of({"stdout": json.dumps(started)}) == ("generate-0", "start")
+    assert run.stage_of({"stdout": json.dumps(waited)}) == ("generate-0", "wait")
+    assert run.stage_of({"stdout": json.dumps(status)}) is None
+    assert run.stage_of({"stdout": "not json"}) is None
+
+
+def test_the_stage_tasks_print_what_the_driver_reads() -> None:
+    # stage.yml runs jobs.stage start and wait and leaves their stdout as they printed it.
+    tasks = yaml.safe_load((ROOT / "roles/eagle3/tasks/stage.yml").read_text())
+    argv = [json.dumps(t["ansible.builtin.command"]["argv"]) for t in tasks]
+    assert "'start'" in argv[0] and '"wait"' in argv[1]
 
 
 def event(kind: str, task: str, host: str = "h1", **res: object) -> dict:
@@ -39,28 +62,32 @@ def test_progress_follows_a_stage_and_records_failures() -> None:
         event(
             "runner_on_ok",
             "Start the stage unless complete: generate-0",
-            stdout=json.dumps({"state": "running", "started": True}),
+            stdout=json.dumps({"stage": "generate-0", "state": "running", "started": True}),
         )
     )
     progress(
         event(
             "runner_retry",
             "Wait for the stage, reporting progress: generate-0",
-            stdout=json.dumps({"done": False, "progress": "generate: 10/200 rows, 0 errors, 700 tok/s"}),
+            stdout=json.dumps(
+                {"stage": "generate-0", "done": False, "progress": "generate: 10/200 rows, 0 errors, 700 tok/s"}
+            ),
         )
     )
     progress(
         event(
             "runner_on_ok",
             "Wait for the stage, reporting progress: generate-0",
-            stdout=json.dumps({"done": True, "rc": 0, "duration_s": 12.5, "summary": {"done": 200}}),
+            stdout=json.dumps(
+                {"stage": "generate-0", "done": True, "rc": 0, "duration_s": 12.5, "summary": {"done": 200}}
+            ),
         )
     )
     progress(
         event(
             "runner_on_ok",
             "Start the stage unless complete: prepare",
-            stdout=json.dumps({"state": "complete", "started": False}),
+            stdout=json.dumps({"stage": "prepare", "state": "complete", "started": False}),
         )
     )
     progress(

@@ -27,6 +27,14 @@ options:
     description: Whether a compute process on a GPU is acceptable.
     type: bool
     default: false
+  allowed_pids:
+    description:
+      - Compute processes that belong to the run itself (its own vLLM server, a stage still running). They are not
+        problems, and the memory they use does not count against O(max_memory_used_mib); every other process and
+        the rest of each GPU's memory is still checked.
+    type: list
+    elements: int
+    default: []
   max_uncorrected_ecc:
     description: Uncorrected volatile ECC errors above this are a problem.
     type: int
@@ -205,7 +213,12 @@ def check_gpu(gpu: dict[str, Any], limits: dict[str, Any]) -> list[Problem]:
     found: list[Problem] = []
 
     used = gpu["memory.used"]
-    limit = f"<= {limits['max_memory_used_mib']} MiB"
+    own = gpu.get("allowed_memory_mib", 0)
+    if used is not None and own:
+        used = max(0, used - own)
+    limit = f"<= {limits['max_memory_used_mib']} MiB" + (
+        f" besides {own} MiB of the run's own processes" if own else ""
+    )
     if used is None:
         found.append(
             Problem(
@@ -268,10 +281,15 @@ def check(
     elif expected >= 0 and len(gpus) != expected:
         indices = ",".join(str(g["index"]) for g in gpus) or "none"
         found.append(Problem(None, "gpu_count", str(len(gpus)), f"== {expected}", f"visible GPU indices: {indices}"))
+    allowed = set(limits.get("allowed_pids") or [])
+    own_memory: dict[Any, int] = {}
+    for app in apps:
+        if app["pid"] in allowed:
+            own_memory[app["gpu_index"]] = own_memory.get(app["gpu_index"], 0) + (app["used_memory"] or 0)
     for gpu in gpus:
-        found.extend(check_gpu(gpu, limits))
+        found.extend(check_gpu({**gpu, "allowed_memory_mib": own_memory.get(gpu["index"], 0)}, limits))
     if not limits["allow_compute_processes"]:
-        for app in apps:
+        for app in (a for a in apps if a["pid"] not in allowed):
             found.append(
                 Problem(
                     app["gpu_index"],
@@ -364,6 +382,7 @@ def main() -> None:
             "expected_gpus": {"type": "int", "default": -1},
             "max_memory_used_mib": {"type": "int", "default": 1024},
             "allow_compute_processes": {"type": "bool", "default": False},
+            "allowed_pids": {"type": "list", "elements": "int", "default": []},
             "max_uncorrected_ecc": {"type": "int", "default": 0},
             "forbidden_compute_modes": {"type": "list", "elements": "str", "default": ["Prohibited"]},
             "expected_mig_mode": {"type": "str", "default": "Disabled"},
