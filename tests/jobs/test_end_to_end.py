@@ -79,13 +79,11 @@ def test_trained_drafter_beats_an_untrained_one_in_vllm(hs_server: Server, tmp_p
     assert final["aux_layer_ids"] == AUX_LAYER_IDS
 
     # Whether <out> is still good for its inputs is the stage layer's call (jobs.stage), not the
-    # job's: run again by hand with every epoch done, it trains nothing (no new checkpoint) and
-    # makes final/ again from the last checkpoint.
-    done = sorted(p.name for p in checkpoints.iterdir())
+    # job's: run again by hand with every epoch done, it resumes at the end and makes final/ again
+    # from the last checkpoint.
     shutil.rmtree(out / "final")
     third = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert third.returncode == 0, third.stderr[-2000:]
-    assert sorted(p.name for p in checkpoints.iterdir()) == done
     assert json.loads((out / "final" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == AUX_LAYER_IDS
 
     untrained = tmp_path / "untrained"
