@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobs.prepare import rows_paths
+
 LOG = logging.getLogger("jobs.extract")
 BYTES_PER_VALUE = 2  # bf16
 EXIT_NO_SPACE = 4
@@ -173,18 +175,17 @@ def fused_index(rows_dirs: list[Path]) -> dict[str, list[Path]]:
     """token-id key → hidden-states files (identical answers share a key), from
     ``jobs.generate --fused-hidden-states`` rows."""
     index: dict[str, list[Path]] = {}
-    for rows_path in rows_dirs:
-        for rows_file in sorted([rows_path] if rows_path.suffix == ".jsonl" else rows_path.glob("rows-*.jsonl")):
-            with rows_file.open() as f:
-                for line in f:
-                    row = json.loads(line)
-                    if row.get("hidden_states_path"):
-                        path = Path(row["hidden_states_path"])
-                        # Rows gathered from another host carry their files in hidden_states/.
-                        gathered = rows_file.parent / "hidden_states" / path.name
-                        if not path.exists() and gathered.exists():
-                            path = gathered
-                        index.setdefault(token_key(row["input_ids"]), []).append(path)
+    for rows_file in rows_paths(rows_dirs):
+        with rows_file.open() as f:
+            for line in f:
+                row = json.loads(line)
+                if row.get("hidden_states_path"):
+                    path = Path(row["hidden_states_path"])
+                    # Rows gathered from another host carry their files in hidden_states/.
+                    gathered = rows_file.parent / "hidden_states" / path.name
+                    if not path.exists() and gathered.exists():
+                        path = gathered
+                    index.setdefault(token_key(row["input_ids"]), []).append(path)
     return index
 
 

@@ -20,9 +20,14 @@ from typing import Any
 LOG = logging.getLogger("jobs.prepare")
 
 
+def rows_paths(rows: list[Path]) -> list[Path]:
+    """The rows files named: a ``.jsonl`` file as is, a ``jobs.generate`` directory its ``rows-*.jsonl``."""
+    return sorted({f for r in rows for f in ([r] if r.suffix == ".jsonl" else r.glob("rows-*.jsonl"))})
+
+
 def row_files(rows: list[Path]) -> list[Path]:
-    """The rows files named (a file as is, a directory: its ``rows-*.jsonl``), those holding rows."""
-    files = sorted({f for r in rows for f in ([r] if r.suffix == ".jsonl" else r.glob("rows-*.jsonl"))})
+    """The rows files named (see ``rows_paths``) that hold rows; a named file must exist."""
+    files = rows_paths(rows)
     missing = [f for f in files if not f.exists()]
     if missing:
         raise FileNotFoundError(f"rows file {missing[0]} does not exist: run jobs.generate for it")

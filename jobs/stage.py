@@ -137,8 +137,13 @@ def marker_problem(stage: Stage, inputs_hash: str) -> str | None:
     return None
 
 
+def running(stage: Stage) -> bool:
+    """A supervisor for the stage is alive and has not recorded an exit code."""
+    return pid_alive(stage.file("pid")) and not stage.file("rc").exists()
+
+
 def status(stage: Stage, inputs_hash: str) -> dict[str, Any]:
-    if pid_alive(stage.file("pid")) and not stage.file("rc").exists():
+    if running(stage):
         return {"stage": stage.name, "state": "running"}
     problem = marker_problem(stage, inputs_hash)
     if problem is None:
@@ -195,7 +200,8 @@ def start(
     owned = [p.resolve() for p in (owns if owns else outputs)]
     previous = last_request(stage)
     discarded: list[str] = []
-    if previous is None or previous.get("inputs_hash") != inputs_hash:
+    changed = previous is None or previous.get("inputs_hash") != inputs_hash
+    if changed:
         # Outputs made under other inputs (or by an unknown run): nothing of them may be reused.
         # The previous start's owned paths go too, in case the paths themselves changed.
         # (Those outside this run directory belong to wherever the directory was copied from.)
@@ -215,7 +221,7 @@ def start(
         how = (
             f"inputs changed ({(previous or {}).get('inputs_hash', 'none')[:12]} -> {inputs_hash[:12]}): "
             f"removed {', '.join(discarded) or 'nothing (no earlier output)'}"
-            if previous is None or previous.get("inputs_hash") != inputs_hash
+            if changed
             else f"resuming {inputs_hash[:12]} from its partial output ({current.get('reason')})"
         )
         with stage.file("log").open("a") as log:
@@ -229,8 +235,7 @@ def start(
         cwd=Path(__file__).resolve().parents[1],
     )
     write_atomic(stage.file("pid"), f"{supervisor.pid}\n")
-    resumed = previous is not None and previous.get("inputs_hash") == inputs_hash
-    return {**current, "state": "running", "started": True, "pid": supervisor.pid, "resumed": resumed,
+    return {**current, "state": "running", "started": True, "pid": supervisor.pid, "resumed": not changed,
             "discarded": discarded}  # fmt: skip
 
 
@@ -346,8 +351,7 @@ def own_pids(run_dir: Path, units: list[str]) -> list[int]:
     (the pre-flight gate does not count their GPUs as busy)."""
     roots = set()
     for pid_file in (run_dir / ".stages").glob("*.pid"):
-        stage = Stage(run_dir, pid_file.name.removesuffix(".pid"))
-        if pid_alive(pid_file) and not stage.file("rc").exists():
+        if running(Stage(run_dir, pid_file.name.removesuffix(".pid"))):
             roots.add(int(pid_file.read_text()))
     pids = descendants(roots) if roots else set()
     for unit in units:

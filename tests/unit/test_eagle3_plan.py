@@ -49,6 +49,11 @@ def test_two_generators_one_trainer_names_every_stage_once() -> None:
     assert result["remote_generators"] == ["b"]
     run = "/var/lib/eagle3/runs/tiny"
     assert result["rows_files"] == [f"{run}/gen/rows-0.jsonl", f"{run}/gathered/b/rows-1.jsonl"]
+    assert result["gathered_rows_files"] == [f"{run}/gathered/b/rows-1.jsonl"]
+    assert (result["hosts"]["a"]["generate_stage"], result["hosts"]["b"]["generate_stage"]) == (
+        "generate-0",
+        "generate-1",
+    )
     assert result["captured_layers"] == [1, 2, 3, 4]
 
 

@@ -147,8 +147,9 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
 
     Returns ``{"problems": [...]}`` when the settings cannot make a run, else the plan:
     ``trainer``, ``remote_generators`` (rows to copy to the trainer), ``rows_files`` (where the
-    trainer reads every generator's rows) and ``hosts``: per host its ``rank`` (-1: not a
-    generator), ``node_rank`` (-1: not a trainer), ``train_stage`` and ``stages``, an ordered
+    trainer reads every generator's rows; ``gathered_rows_files`` those copied from other hosts)
+    and ``hosts``: per host its ``rank`` (-1: not a generator), ``node_rank`` (-1: not a
+    trainer), ``generate_stage`` and ``train_stage`` ("" where it runs none) and ``stages``, an ordered
     mapping of stage name to ``{"kind", "inputs", "hash"}``.
     """
     generators, trainers = list(generators), list(trainers)
@@ -164,7 +165,8 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
         return {"problems": found}
 
     plan_hosts: dict[str, dict[str, Any]] = {
-        h: {"rank": -1, "node_rank": -1, "train_stage": "", "stages": {}} for h in dict.fromkeys(generators + trainers)
+        h: {"rank": -1, "node_rank": -1, "generate_stage": "", "train_stage": "", "stages": {}}
+        for h in dict.fromkeys(generators + trainers)
     }
     shared = base["eagle3_shared_storage"]
     remote = [] if shared else [g for g in generators if g != trainer]
@@ -177,7 +179,7 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
     generated = []
     for rank, host in enumerate(generators):
         s = settings[host]
-        plan_hosts[host]["rank"] = rank
+        plan_hosts[host] |= {"rank": rank, "generate_stage": f"generate-{rank}"}
         inputs = {
             **feeding("generate", s),
             "dataset_sha256": files[host].get("dataset_sha256"),
@@ -187,7 +189,7 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
         }
         if s["eagle3_hidden_states"] == "fused":
             inputs["captured_layers"] = captured_layers(s)
-        generated.append(add(host, f"generate-{rank}", "generate", inputs)["hash"])
+        generated.append(add(host, plan_hosts[host]["generate_stage"], "generate", inputs)["hash"])
 
     s = settings[trainer]
     upstream = {"generate": generated, **feeding("gather", s)}
@@ -208,14 +210,13 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
         "aux_layer_ids": s["eagle3_aux_layer_ids"],
         "nnodes": len(trainers),
     }
-    train_hash = digest(train_inputs)
     for node, host in enumerate(trainers):
         name = "train" if node == 0 else f"train-node-{node}"
         plan_hosts[host] |= {"node_rank": node, "train_stage": name}
         add(host, name, "train", train_inputs)
     add(
         trainer, "validate", "validate",
-        {"train": train_hash, **feeding("validate", s), "heldout_sha256": files[trainer].get("heldout_sha256")},
+        {"train": digest(train_inputs), **feeding("validate", s), "heldout_sha256": files[trainer].get("heldout_sha256")},
     )  # fmt: skip
 
     run_dir = s["eagle3_run_dir"]
@@ -223,6 +224,7 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
         f"{run_dir}/gen/rows-{rank}.jsonl" if g not in remote else f"{run_dir}/gathered/{g}/rows-{rank}.jsonl"
         for rank, g in enumerate(generators)
     ]
+    gathered = [f for f, g in zip(rows_files, generators, strict=True) if g in remote]
     return {
         "problems": [],
         "trainer": trainer,
@@ -230,6 +232,7 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
         "trainers": trainers,
         "remote_generators": remote,
         "rows_files": rows_files,
+        "gathered_rows_files": gathered,
         "captured_layers": captured_layers(s),
         "hosts": plan_hosts,
     }
