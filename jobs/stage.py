@@ -185,6 +185,28 @@ def discard(stage: Stage, paths: list[Path]) -> list[str]:
     return removed
 
 
+class UpstreamIncomplete(RuntimeError):
+    """A stage was asked to start before a stage it reads from was complete for its inputs."""
+
+
+def check_after(stage: Stage, after: dict[str, str]) -> None:
+    """Raise unless every stage in ``after`` (name -> inputs hash, in the same run directory) is
+    complete for that hash: a stage must never build on outputs made under other inputs, as it
+    would when one stage is run alone (``--tags prepare``) after an earlier one's inputs changed."""
+    pending = {}
+    for name, inputs_hash in after.items():
+        answer = status(Stage(stage.dir, name), inputs_hash)
+        if answer["state"] != "complete":
+            pending[name] = answer.get("reason", answer["state"])
+    if pending:
+        raise UpstreamIncomplete(
+            f"stage {stage.name} reads the outputs of {', '.join(pending)}, which "
+            f"{'is' if len(pending) == 1 else 'are'} not complete for this run's inputs "
+            f"({'; '.join(f'{k}: {v}' for k, v in pending.items())}). Run those stages first: "
+            f"run the playbook without --tags, or add them to --tags ({','.join([*pending, stage.name])})."
+        )
+
+
 def start(
     stage: Stage,
     inputs_hash: str,
@@ -192,10 +214,12 @@ def start(
     outputs: list[Path],
     summary: Path | None,
     owns: list[Path] | None = None,
+    after: dict[str, str] | None = None,
 ) -> dict:
     current = status(stage, inputs_hash)
     if current["state"] != "todo":
         return {**current, "started": False}
+    check_after(stage, after or {})
     stage.state_dir.mkdir(parents=True, exist_ok=True)
     owned = [p.resolve() for p in (owns if owns else outputs)]
     previous = last_request(stage)
@@ -379,6 +403,11 @@ def main(argv: list[str] | None = None) -> int:
                 help="a path the job writes and resumes from, deleted when the inputs hash changed (repeat; "
                 "default: the outputs)",
             )  # fmt: skip
+            p.add_argument(
+                "--after", action="append", default=[], metavar="STAGE=HASH",
+                help="a stage of the same run directory whose outputs this one reads: refuse to start unless "
+                "it is complete for HASH (repeat)",
+            )  # fmt: skip
             p.add_argument("command", nargs=argparse.REMAINDER, help="-- the job's command")
         if name == "wait":
             p.add_argument("--timeout", type=float, default=30.0, help="seconds to block before reporting")
@@ -398,7 +427,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("give the job's command after --")
         if not args.output:
             parser.error("give at least one --output")
-        print(json.dumps(start(stage, args.inputs_hash, command, args.output, args.summary, args.owns)))
+        after = dict(spec.split("=", 1) for spec in args.after)
+        try:
+            print(json.dumps(start(stage, args.inputs_hash, command, args.output, args.summary, args.owns, after)))
+        except UpstreamIncomplete as err:
+            print(f"jobs.stage: {err}", file=sys.stderr)
+            return 2
         return 0
     result = wait(stage, args.timeout)
     print(json.dumps(result))

@@ -186,3 +186,24 @@ def test_a_value_of_the_wrong_type_names_the_setting() -> None:
 def test_the_filter_is_registered_for_ansible() -> None:
     assert plan.FilterModule().filters()["eagle3_stage_plan"] is plan.eagle3_stage_plan
     assert Path(plan.__file__).parent.name == "filter_plugins"
+
+
+def test_each_stage_names_the_stages_it_reads_whose_markers_it_sees() -> None:
+    result = plan.eagle3_stage_plan(hosts(), ["a", "b"], ["a"])
+    a, b = result["hosts"]["a"]["stages"], result["hosts"]["b"]["stages"]
+    # generate-1's marker is on host b: gather copies its rows, it cannot check it.
+    assert {name: sorted(st["after"]) for name, st in a.items()} == {
+        "generate-0": [],
+        "gather": ["generate-0"],
+        "prepare": ["gather"],
+        "extract": ["prepare"],
+        "train": ["extract"],
+        "validate": ["train"],
+    }
+    assert a["prepare"]["after"] == {"gather": a["gather"]["hash"]}
+    assert b["generate-1"]["after"] == {}
+    shared = plan.eagle3_stage_plan(hosts(tiny_settings() | {"eagle3_shared_storage": True}), ["a", "b"], ["a", "b"])
+    sa, sb = shared["hosts"]["a"]["stages"], shared["hosts"]["b"]["stages"]
+    # On shared storage every host's markers are in the one run directory.
+    assert sa["prepare"]["after"] == {"generate-0": sa["generate-0"]["hash"], "generate-1": sb["generate-1"]["hash"]}
+    assert sb["train-node-1"]["after"] == {"extract": sa["extract"]["hash"]}

@@ -191,3 +191,24 @@ def test_own_pids_are_the_running_stages_process_trees(tmp_path: Path) -> None:
     while st.own_pids(tmp_path, []) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert st.own_pids(tmp_path, []) == []
+
+
+def test_a_stage_does_not_start_before_the_stages_it_reads(tmp_path: Path) -> None:
+    """As with `--tags prepare` after generation's inputs changed: prepare must not run on the old rows."""
+    gen, prep = st.Stage(tmp_path, "gen"), st.Stage(tmp_path, "prep")
+    run(gen, "g1", tmp_path / "rows")
+    cmd = [PY, "-c", WRITE_OUT, str(tmp_path / "prepared")]
+    try:
+        st.start(prep, "p2", cmd, [tmp_path / "prepared"], None, after={"gen": "g2"})
+    except st.UpstreamIncomplete as err:
+        assert "prep reads the outputs of gen" in str(err) and "inputs changed" in str(err)
+        assert "--tags (gen,prep)" in str(err)
+    else:
+        raise AssertionError("prep started before gen was complete for its inputs")
+    assert not prep.file("request.json").exists()  # nothing was started or removed
+    assert st.start(prep, "p1", cmd, [tmp_path / "prepared"], None, after={"gen": "g1"})["started"] is True
+    assert st.wait(prep, timeout=60)["rc"] == 0
+    # The CLI says the same, exit 2.
+    rc = st.main(["start", "--dir", str(tmp_path), "--name", "other", "--inputs-hash", "x", "--after", "gen=g2",
+                  "--output", str(tmp_path / "o"), "--", "true"])  # fmt: skip
+    assert rc == 2

@@ -150,7 +150,8 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
     trainer reads every generator's rows; ``gathered_rows_files`` those copied from other hosts)
     and ``hosts``: per host its ``rank`` (-1: not a generator), ``node_rank`` (-1: not a
     trainer), ``generate_stage`` and ``train_stage`` ("" where it runs none) and ``stages``, an ordered
-    mapping of stage name to ``{"kind", "inputs", "hash"}``.
+    mapping of stage name to ``{"kind", "inputs", "hash", "after"}`` (``after``: the stages it
+    reads whose markers it can see, name -> hash; jobs.stage refuses to start it before them).
     """
     generators, trainers = list(generators), list(trainers)
     trainer = trainers[0] if trainers else None
@@ -171,8 +172,17 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
     shared = base["eagle3_shared_storage"]
     remote = [] if shared else [g for g in generators if g != trainer]
 
-    def add(host: str, name: str, kind: str, inputs: dict[str, Any]) -> dict[str, Any]:
-        stage = {"kind": kind, "inputs": inputs, "hash": digest(inputs)}
+    def add(
+        host: str, name: str, kind: str, inputs: dict[str, Any], after: list[tuple[str, str]] = ()
+    ) -> dict[str, Any]:
+        # after: the (host, stage) pairs whose outputs this stage reads. Those whose markers it can
+        # see (its own host's, or any host's on shared storage) jobs.stage checks before starting.
+        stage = {
+            "kind": kind,
+            "inputs": inputs,
+            "hash": digest(inputs),
+            "after": {n: plan_hosts[h]["stages"][n]["hash"] for h, n in after if shared or h == host},
+        }
         plan_hosts[host]["stages"][name] = stage
         return stage
 
@@ -193,16 +203,20 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
 
     s = settings[trainer]
     upstream = {"generate": generated, **feeding("gather", s)}
+    before = [(g, plan_hosts[g]["generate_stage"]) for g in generators]
     if remote:
-        upstream = {"gather": add(trainer, "gather", "gather", upstream)["hash"]}
+        upstream = {"gather": add(trainer, "gather", "gather", upstream, before)["hash"]}
+        before = [(trainer, "gather")]
     prepare = add(
         trainer, "prepare", "prepare",
         {**upstream, **feeding("prepare", s), "model_config_sha256": files[trainer].get("model_config_sha256")},
+        before,
     )  # fmt: skip
     extract = add(
         trainer, "extract", "extract",
         {"prepare": prepare["hash"], **feeding("extract", s), "hidden_states": s["eagle3_hidden_states"],
          "captured_layers": captured_layers(s)},
+        [(trainer, "prepare")],
     )  # fmt: skip
     train_inputs = {
         "extract": extract["hash"],
@@ -213,10 +227,11 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
     for node, host in enumerate(trainers):
         name = "train" if node == 0 else f"train-node-{node}"
         plan_hosts[host] |= {"node_rank": node, "train_stage": name}
-        add(host, name, "train", train_inputs)
+        add(host, name, "train", train_inputs, [(trainer, "extract")])
     add(
         trainer, "validate", "validate",
         {"train": digest(train_inputs), **feeding("validate", s), "heldout_sha256": files[trainer].get("heldout_sha256")},
+        [(trainer, "train")],
     )  # fmt: skip
 
     run_dir = s["eagle3_run_dir"]
