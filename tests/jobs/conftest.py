@@ -16,7 +16,8 @@ from jobs.vllm_process import ServerFailed, VllmProcess, cpu_hidden_states_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CPU_SERVER_ARGS = ["--max-model-len", "2048", "--gpu-memory-utilization", "0.1"]
+# --enforce-eager: no torch.compile warm-up (about a minute per server start on 2 cores).
+CPU_SERVER_ARGS = ["--max-model-len", "2048", "--gpu-memory-utilization", "0.1", "--enforce-eager"]
 # The tiny target has 4 layers: EAGLE-3 takes the residual stream entering layers 1, 2 and 3,
 # and the output of the last (4), as vLLM's extract_hidden_states numbers them.
 AUX_LAYER_IDS = [1, 2, 3]
