@@ -77,8 +77,30 @@ class Stats:
 # ---------- input ----------
 
 
+class InputUnreadable(ValueError):
+    """The dataset file itself cannot be read (as opposed to one malformed row in it)."""
+
+
 def read_records(path: Path) -> Iterator[Any]:
-    """Rows of a JSON list, JSONL, Parquet file or a ``datasets`` directory, as they are."""
+    """Rows of a JSON list, JSONL, Parquet file or a ``datasets`` directory, as they are.
+
+    Raises InputUnreadable, with one line naming the file and what is wrong, when the file as a
+    whole cannot be read; a malformed JSONL line is yielded as a ValueError (one row skipped)."""
+    try:
+        yield from _records(path)
+    except InputUnreadable:
+        raise
+    except UnicodeDecodeError as err:
+        raise InputUnreadable(f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x})") from None
+    except json.JSONDecodeError as err:
+        raise InputUnreadable(f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    except Exception as err:  # pyarrow's and datasets' own errors: their message says what is wrong
+        what = "a datasets directory" if path.is_dir() else "a Parquet file"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputUnreadable(f"{path}: cannot be read as {what} ({first})") from None
+
+
+def _records(path: Path) -> Iterator[Any]:
     if path.is_dir():
         from datasets import load_from_disk
 
@@ -88,17 +110,38 @@ def read_records(path: Path) -> Iterator[Any]:
 
         yield from pq.read_table(path).to_pylist()
     elif path.suffix == ".json":
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
         yield from data if isinstance(data, list) else data.get("data", [])
     else:
-        with path.open() as lines:
-            for number, line in enumerate(lines, 1):
+        with path.open("rb") as raw:
+            for number, data in enumerate(raw, 1):
+                try:
+                    line = data.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise InputUnreadable(
+                        f"{path}: not UTF-8 text (line {number}, byte 0x{data[err.start]:02x} at column {err.start + 1})"
+                    ) from None
                 if not line.strip():
                     continue
                 try:
                     yield json.loads(line)
                 except json.JSONDecodeError as err:
                     yield ValueError(f"line {number}: not JSON ({err.msg})")
+
+
+def check_input(path: Path) -> dict[str, int]:
+    """Read every row of the dataset without generating: how many there are and how many are
+    usable questions. Raises InputUnreadable for a file that cannot be read at all."""
+    counts = {"rows": 0, "questions": 0, "malformed": 0}
+    for record in read_records(path):
+        counts["rows"] += 1
+        try:
+            to_question(record)
+        except ValueError:
+            counts["malformed"] += 1
+        else:
+            counts["questions"] += 1
+    return counts
 
 
 def to_question(record: Any) -> Question:
@@ -400,9 +443,9 @@ def generate(input_path: Path, out: Path, settings: Settings, rank: int = 0, wor
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, required=True, help="JSON, JSONL, Parquet file or datasets directory")
-    parser.add_argument("--out", type=Path, required=True, help="output directory (resumable)")
+    parser.add_argument("--out", type=Path, help="output directory (resumable); required unless --check-input")
     parser.add_argument("--server", default="http://127.0.0.1:8000")
-    parser.add_argument("--model", required=True, help="served model name")
+    parser.add_argument("--model", help="served model name; required unless --check-input")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument("--temperature", type=float, default=0.6)
@@ -414,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request-timeout", type=float, default=3600)
     parser.add_argument("--max-attempts", type=int, default=8, help="tries per row on transient errors")
     parser.add_argument("--fused-hidden-states", action="store_true", help="ask the server for hidden states too")
+    parser.add_argument(
+        "--check-input", action="store_true",
+        help="only read --input through (no server needed): print its row counts, or one line on why it cannot be read",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -421,6 +468,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rank must be in [0, --world-size); got {args.rank} of {args.world_size}")
     if not args.input.exists():
         parser.error(f"--input {args.input} does not exist")
+    if args.check_input:
+        try:
+            print(json.dumps(check_input(args.input)))
+        except InputUnreadable as err:
+            print(f"jobs.generate: {err}", file=sys.stderr)
+            return 2
+        return 0
+    if args.out is None or args.model is None:
+        parser.error("--out and --model are required (unless --check-input)")
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p}
     if args.seed is not None:
         sampling["seed"] = args.seed
@@ -439,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     except ServerUnreachable as err:
         LOG.error("%s", err)
         return 3
+    except InputUnreadable as err:
+        LOG.error("%s", err)
+        return 2
     print(json.dumps(summary))
     return 0 if summary["errors"] == 0 else 1
 

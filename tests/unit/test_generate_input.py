@@ -55,3 +55,38 @@ def test_partial_last_line_is_cut(tmp_path: Path) -> None:
 def test_reasoning_split_without_a_parser() -> None:
     assert generate.split_reasoning({"content": "<think>\nhmm\n</think>\n\nfour"}) == ("hmm", "four")
     assert generate.split_reasoning({"content": "four", "reasoning": "hmm"}) == ("hmm", "four")
+
+
+def bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
+    """Each unreadable kind of dataset, and what its one line must say."""
+    parquet = tmp / "corrupt.parquet"
+    parquet.write_bytes(b"PAR1" + b"\x00garbage" * 10)
+    jsonl = tmp / "latin1.jsonl"
+    jsonl.write_bytes('{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    bad_json = tmp / "bad.json"
+    bad_json.write_text('[{"prompt": "a"},')
+    not_datasets = tmp / "plain-dir"
+    not_datasets.mkdir()
+    (not_datasets / "notes.txt").write_text("not a dataset")
+    return {
+        "parquet": (parquet, "cannot be read as a Parquet file"),
+        "jsonl": (jsonl, "not UTF-8 text (line 1, byte 0xe9 at column 16)"),
+        "json": (bad_json, "not valid JSON"),
+        "dir": (not_datasets, "cannot be read as a datasets directory"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl", "json", "dir"])
+def test_an_unreadable_dataset_gets_one_line_naming_the_file(kind: str, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path, says = bad_inputs(tmp_path)[kind]
+    assert generate.main(["--check-input", "--input", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"jobs.generate: {path}: ") and says in err, err
+
+
+def test_check_input_counts_rows_and_questions(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"prompt": "a"}\n{"nothing": 1}\nnot json\n{"prompt": "b"}\n')
+    assert generate.main(["--check-input", "--input", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"rows": 4, "questions": 2, "malformed": 2}
