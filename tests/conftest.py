@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 NVIDIA_SMI_FIXTURES = FIXTURES / "nvidia-smi"
@@ -21,3 +23,12 @@ def load_module(path: Path) -> ModuleType:
     sys.modules[path.stem] = module
     spec.loader.exec_module(module)
     return module
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/jobs/ is slow (real vLLM servers, CPU training): `pytest -m 'not slow'`
+    runs the fast tier alone."""
+    jobs = ROOT / "tests" / "jobs"
+    for item in items:
+        if jobs in item.path.parents:
+            item.add_marker(pytest.mark.slow)

@@ -49,6 +49,9 @@ def pipeline_server_vars() -> dict[str, Any]:
     }
 
 
+MANAGED = "managed-by-ansible 5f3a9c"
+
+
 def render(template: str, **overrides: Any) -> str:
     variables = {
         **load(ROLE / "defaults/main.yml"),
@@ -56,7 +59,8 @@ def render(template: str, **overrides: Any) -> str:
         **pipeline_server_vars(),
         **overrides,
         **load(ROLE / "vars/main.yml"),
-        "ansible_managed": "Ansible managed: do not edit",
+        # A value no template could contain by itself: the header must come from ansible_managed.
+        "ansible_managed": MANAGED,
         "inventory_hostname": "gpu-node-01",
     }
     templar = Templar(loader=DataLoader(), variables=variables)
@@ -134,7 +138,7 @@ def test_kimi_hidden_state_server_passes_aux_layers_as_json() -> None:
 def test_unit_header_user_limits_and_timeouts() -> None:
     text = render("vllm-server.service.j2")
     assert text.startswith("#")
-    assert "Ansible managed" in text.splitlines()[1] or "Ansible managed" in text.splitlines()[0]
+    assert f"# {MANAGED}" in text.splitlines()[:3]  # {{ ansible_managed | comment }}
     assert directive(text, "User") == "vllm"
     assert directive(text, "EnvironmentFile") == "/etc/vllm/gen.env"
     assert directive(text, "TimeoutStartSec") == "3600"
