@@ -159,6 +159,11 @@ def up(name: str, bind_ro: list[str] = (), bind: list[str] = ()) -> dict[str, An
         address = f"{SUBNET}.{index}.2"
         info = {"name": name, "index": index, "address": address, "netns": netns, "veth": veth, "home": str(home)}
 
+        if home.exists():  # left by a stop that could not remove everything at the time
+            left = leftovers({"home": str(home), "netns": netns, "veth": veth})
+            if left:
+                sys.exit(f"testhost: {home} is still in use ({'; '.join(left)}); run `testhost.py down --all`")
+            shutil.rmtree(home)
         home.mkdir(parents=True)
         for spec in bind:
             Path(spec.split(":")[0]).mkdir(parents=True, exist_ok=True)
