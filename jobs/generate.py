@@ -95,6 +95,8 @@ def read_records(path: Path) -> Iterator[Any]:
     except json.JSONDecodeError as err:
         raise InputUnreadable(f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except Exception as err:  # pyarrow's and datasets' own errors: their message says what is wrong
+        if not (path.is_dir() or path.suffix == ".parquet"):
+            raise
         what = "a datasets directory" if path.is_dir() else "a Parquet file"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputUnreadable(f"{path}: cannot be read as {what} ({first})") from None
@@ -111,6 +113,10 @@ def _records(path: Path) -> Iterator[Any]:
         yield from pq.read_table(path).to_pylist()
     elif path.suffix == ".json":
         data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, list | dict):
+            raise InputUnreadable(
+                f'{path}: holds a JSON {type(data).__name__}, not a list of rows or {{"data": [...]}}'
+            )
         yield from data if isinstance(data, list) else data.get("data", [])
     else:
         with path.open("rb") as raw:

@@ -10,14 +10,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from jobs import extract, generate, prepare, tiny_model
 from jobs.vllm_process import ServerFailed, VllmProcess, cpu_hidden_states_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# --enforce-eager: no torch.compile warm-up (about a minute per server start on 2 cores).
-CPU_SERVER_ARGS = ["--max-model-len", "2048", "--gpu-memory-utilization", "0.1", "--enforce-eager"]
+# The CPU server arguments of inventory/tiny (one home): max model length, the KV-cache share of
+# host memory, and --enforce-eager (no torch.compile warm-up, about a minute per start on 2 cores).
+CPU_SERVER_ARGS: list[str] = yaml.safe_load((ROOT / "inventory/tiny/group_vars/all.yml").read_text())[
+    "eagle3_validate_server_args"
+]
 # The tiny target has 4 layers: EAGLE-3 takes the residual stream entering layers 1, 2 and 3,
 # and the output of the last (4), as vLLM's extract_hidden_states numbers them.
 AUX_LAYER_IDS = [1, 2, 3]
