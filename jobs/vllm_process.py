@@ -10,6 +10,7 @@ utilization`` stands for a share of the CPU memory there).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -98,15 +99,43 @@ class VllmProcess:
                 raise ServerFailed(f"vLLM not up after {self.start_timeout:.0f} s:\n{self.tail()}")
             time.sleep(2)
 
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+    def stop(self, timeout: float = 60) -> None:
+        """Stop the server and every process it started. Returns only when the whole process
+        group is gone: an engine process that outlives the API server keeps writing its
+        shutdown lines to the log, which a stage has already recorded as an output."""
+        if self.proc is None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
+        self._signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self._group_alive() and time.monotonic() < deadline:
+            self.proc.poll()  # reap the server itself; its children are reparented and reaped by init
+            time.sleep(0.2)
+        if self._group_alive():
+            self._signal_group(signal.SIGKILL)
+            while self._group_alive() and time.monotonic() < deadline + 30:
+                self.proc.poll()
+                time.sleep(0.2)
+        self.proc.wait()
+
+    def _signal_group(self, sig: int) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def _group_alive(self) -> bool:
+        """Any process of the server's group (its session) is alive, the server included
+        until it is reaped."""
+        assert self.proc is not None
         try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        if self.proc.poll() is not None:  # reaped now: ask again without the zombie
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return False
+        return True
 
     def __enter__(self) -> str:
         try:
