@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -120,12 +121,13 @@ def test_one_generators_dataset_changed_reruns_its_shard_only() -> None:
 def test_settings_are_the_same_input_however_they_are_given() -> None:
     # -e key=value gives strings; -e '{"k": [1, 2]}' gives JSON; group_vars give YAML types.
     as_yaml = plan.eagle3_stage_plan(hosts(), ["a", "b"], ["a"])
-    as_strings = tiny_settings() | {
-        "eagle3_generate_temperature": "0.0",
-        "eagle3_generate_max_tokens": "160",
-        "eagle3_shared_storage": "false",
-        "eagle3_aux_layer_ids": "[1, 2, 3]",
-        "eagle3_speculators": '{"epochs": 5, "lr": 0.003}',
+    tiny = tiny_settings()
+    as_strings = tiny | {
+        "eagle3_generate_temperature": str(tiny["eagle3_generate_temperature"]),
+        "eagle3_generate_max_tokens": str(tiny["eagle3_generate_max_tokens"]),
+        "eagle3_shared_storage": str(tiny["eagle3_shared_storage"]).lower(),
+        "eagle3_aux_layer_ids": json.dumps(tiny["eagle3_aux_layer_ids"]),
+        "eagle3_speculators": json.dumps(tiny["eagle3_speculators"]),
     }
     assert hashes(plan.eagle3_stage_plan(hosts(as_strings), ["a", "b"], ["a"])) == hashes(as_yaml)
 
