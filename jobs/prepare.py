@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from jobs import text_processor
+
 LOG = logging.getLogger("jobs.prepare")
 
 
@@ -49,10 +51,11 @@ def prepare(rows_dirs: list[Path], target: Path, out: Path, seq_length: int) -> 
     files = row_files(rows_dirs)
     scratch = out.with_name(f".{out.name}.partial")
     shutil.rmtree(scratch, ignore_errors=True)
-    prepare_data(
-        model=str(target), data=[str(f) for f in files], output=str(scratch), seq_length=seq_length,
-        skip_token_freq=False, minimum_valid_tokens=1,
-    )  # fmt: skip
+    with text_processor.text_only():
+        prepare_data(
+            model=str(target), data=[str(f) for f in files], output=str(scratch), seq_length=seq_length,
+            skip_token_freq=False, minimum_valid_tokens=1,
+        )  # fmt: skip
     shutil.rmtree(out, ignore_errors=True)
     scratch.rename(out)
     dataset = load_from_disk(str(out))

@@ -122,7 +122,12 @@ def corpus(lines: int, seed: int) -> list[str]:
     return out
 
 
-def build_tokenizer(out: Path, vocab_size: int, seed: int) -> None:
+def build_tokenizer(
+    out: Path, vocab_size: int, seed: int, special_tokens: list[str] = SPECIAL_TOKENS,
+    chat_template: str = CHAT_TEMPLATE, bos: str = "<|endoftext|>", eos: str = "<|im_end|>", pad: str = "<|endoftext|>",
+) -> None:  # fmt: skip
+    """A byte-level BPE tokenizer trained on ``corpus``, with ``special_tokens`` first in its
+    vocabulary (ids 0, 1, ...) and ``chat_template``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -131,18 +136,12 @@ def build_tokenizer(out: Path, vocab_size: int, seed: int) -> None:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(corpus(20000, seed), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-    )
-    fast.chat_template = CHAT_TEMPLATE
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, unk_token=None)
+    fast.chat_template = chat_template
     fast.save_pretrained(out)
 
 

@@ -32,6 +32,7 @@ a silently defaulted layer list would load in vLLM and collapse acceptance.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ from typing import Any
 
 import yaml
 
+from jobs import text_processor
 from jobs.stage import write_atomic
 
 LOG = logging.getLogger("jobs.train")
@@ -166,12 +168,12 @@ def run_speculators(s: TrainSettings, argv: list[str]) -> None:
     from speculators.train.config import TrainConfig
 
     cfg = TrainConfig.resolve(argv)
-    if on_cpu(s):
-        from jobs.cpu_training import cpu_accelerator
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(text_processor.text_only())
+        if on_cpu(s):
+            from jobs.cpu_training import cpu_accelerator
 
-        with cpu_accelerator():
-            train_main(cfg)
-    else:
+            stack.enter_context(cpu_accelerator())
         train_main(cfg)
 
 
