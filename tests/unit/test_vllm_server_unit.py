@@ -102,6 +102,7 @@ def test_kimi_exec_start_field_by_field() -> None:
         "--enable-auto-tool-choice",
         "--tool-call-parser",
         "kimi_k2",
+        "--language-model-only",
     ]
 
 
