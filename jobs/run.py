@@ -8,7 +8,8 @@ stage started or found complete on a host, a stage's progress while it runs (its
 log line: rows/tokens done, tokens/s, and an ETA from the row rate), a stage finishing (its time and summary), and the failing
 host, task and message when something fails. The exit code is ansible-playbook's.
 
-``<run-dir>/manifest.json`` records what ran: command, inventory, extra vars, per-play and
+``<run-dir>/manifest-<start time>.json`` records what one invocation ran (``manifest.json`` links
+to the latest; a rerun into the same run directory keeps the earlier ones): command, inventory, extra vars, per-play and
 per-stage timings, pre-flight readings, each host's stage inputs and versions (vLLM, speculators,
 torch, driver), each stage's marker (inputs hash, outputs with sizes and checksums, the job's
 summary) and the validation report. ansible-runner's artifacts (full event log, stdout) stay in
@@ -24,6 +25,7 @@ import os
 import re
 import shlex
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,8 +85,16 @@ def stdout_json(res: dict[str, Any]) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \S+ (?P<level>[A-Z]+) ")
+
+
 def brief_progress(line: str) -> str:
-    """A job's last log line, short: speculators' metrics dict becomes epoch/step/loss/tokens per s."""
+    """A job's last log line, short: without the jobs' log prefix (time and logger; the level
+    unless INFO), and speculators' metrics dict as epoch/step/loss/tokens per s."""
+    prefix = LOG_PREFIX.match(line)
+    if prefix and "speculators.metrics" not in line:
+        level = prefix.group("level")
+        line = ("" if level == "INFO" else f"{level}: ") + line[prefix.end() :]
     if "speculators.metrics" in line and "{" in line:
         try:
             metrics = ast.literal_eval(line[line.index("{") :])
@@ -98,17 +108,25 @@ def brief_progress(line: str) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
-ROWS = re.compile(r"(\d+)/(\d+) rows")
+QUIET_S = 60.0
+COUNT = re.compile(r"(\d+)/(\d+) (rows|steps|prompts)\b")
+ETA_WINDOW_S = 300.0
 
 
 def estimate_eta(record: dict[str, Any], line: str, now: float) -> str:
-    """', ETA 4m10s' from a job's 'N/T rows' progress, at the rate seen since the first such line."""
-    match = ROWS.search(line)
+    """', ETA 4m10s' from a job's 'N/T rows' (or steps, or prompts) progress, at the rate of the
+    last ``ETA_WINDOW_S`` seconds: recent work, so a stall shows as no ETA rather than a slowly
+    growing one. A new total (the next drafter's prompts) starts the count again."""
+    match = COUNT.search(line)
     if not match:
         return ""
-    done, total = int(match.group(1)), int(match.group(2))
-    first = record.setdefault("first_rows", (now, done))
-    rate = (done - first[1]) / (now - first[0]) if now > first[0] else 0.0
+    done, total, unit = int(match.group(1)), int(match.group(2)), match.group(3)
+    seen = record.setdefault("eta_points", {}).setdefault(f"{unit}/{total}", [])
+    seen.append((now, done))
+    while len(seen) > 2 and now - seen[1][0] >= ETA_WINDOW_S:
+        seen.pop(0)
+    (then, done_then) = seen[0]
+    rate = (done - done_then) / (now - then) if now > then else 0.0
     if rate <= 0 or done >= total:
         return ""
     left = (total - done) / rate
@@ -116,8 +134,26 @@ def estimate_eta(record: dict[str, Any], line: str, now: float) -> str:
 
 
 def failure_message(res: dict[str, Any]) -> str:
-    parts = [str(res.get("msg") or "").strip(), str(res.get("stderr") or "").strip()[-2000:]]
+    """A failed task's cause as lines: its message (a list, such as the pre-flight's problems, one
+    per line), the error lines and journal tail vllm_server_wait returns, and the end of stderr,
+    where a failed stage's log tail puts its cause."""
+    msg = res.get("msg")
+    parts = ["\n".join(map(str, msg)) if isinstance(msg, list) else str(msg or "").strip()]
+    if res.get("errors"):
+        parts.append("error lines:\n" + "\n".join(f"  {line}" for line in res["errors"]))
+    if res.get("journal"):
+        parts.append("journal tail:\n" + "\n".join(f"  {line}" for line in res["journal"][-15:]))
+    parts.append(str(res.get("stderr") or "").strip()[-2000:])
     return "\n".join(p for p in parts if p) or json.dumps(res)[:2000]
+
+
+def failure_summary(message: str, head: int = 4, tail: int = 12) -> str:
+    """The lines of a failure message worth repeating at the end of a run: its first lines (what
+    failed) and its last (a log tail ends with the cause)."""
+    lines = message.splitlines()
+    if len(lines) <= head + tail + 1:
+        return message
+    return "\n".join([*lines[:head], f"  ... ({len(lines) - head - tail} lines, in the log above)", *lines[-tail:]])
 
 
 @dataclass
@@ -131,13 +167,50 @@ class Progress:
     plan: dict[str, Any] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
+    running: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock)
 
     def say(self, text: str) -> None:
         print(f"[{time.time() - self.started:7.0f}s] {text}", file=self.out, flush=True)
 
+    def tick(self, now: float | None = None) -> None:
+        """A line for each task that has run ``QUIET_S`` seconds without any output (a vLLM
+        install, a server loading), every ``QUIET_S`` seconds: what it is and for how long."""
+        now = time.time() if now is None else now
+        with self.lock:
+            for (host, task), running in self.running.items():
+                if now - running["said"] >= QUIET_S:
+                    running["said"] = now
+                    self.say(f"{host}: {task} [{now - running['started']:.0f}s, running]")
+
+    def _task_event(self, kind: str, host: str, task: str, res: dict[str, Any]) -> None:
+        now, key = time.time(), (host, task)
+        if kind == "runner_on_start":
+            self.running[key] = {"started": now, "said": now}
+            return
+        if kind == "runner_retry" and key in self.running:
+            self.running[key]["said"] = now  # a stage's own progress speaks for it
+            return
+        running = self.running.pop(key, None)
+        if running is None or kind not in ("runner_on_ok", "runner_on_skipped") or stage_of(res):
+            return
+        took = now - running["started"]
+        if "waited_s" in res and "main_pid" in res:  # vllm_server_wait: the server answered
+            self.say(
+                f"{host}: {res.get('unit', 'vLLM server')} healthy, serving {res.get('models')} after {res['waited_s']:.0f} s"
+            )
+        elif took >= QUIET_S / 2:
+            self.say(f"{host}: {task} done in {took:.0f} s")
+
     def __call__(self, event: dict[str, Any]) -> bool:
+        with self.lock:
+            return self._handle(event)
+
+    def _handle(self, event: dict[str, Any]) -> bool:
         kind, data = event.get("event", ""), event.get("event_data", {})
         host, task, res = data.get("host", ""), data.get("task", ""), data.get("res") or {}
+        if kind.startswith("runner_on_") or kind == "runner_retry":
+            self._task_event(kind, host, task, res)
         if kind == "playbook_on_play_start":
             now = time.time()
             if self.plays:
@@ -217,7 +290,7 @@ def manifest(args: argparse.Namespace, extra: dict[str, Any], progress: Progress
         "failures": progress.failures,
         "plan": progress.plan,
         "plays": progress.plays,
-        "stage_events": list(progress.stages.values()),
+        "stage_events": [{k: v for k, v in r.items() if k != "eta_points"} for r in progress.stages.values()],
         "preflight": preflight,
         "driver_versions": {h: r.get("driver_version") for h, r in preflight.items()},
         "hosts": read_json_dir(records / "hosts"),
@@ -231,6 +304,28 @@ def manifest(args: argparse.Namespace, extra: dict[str, Any], progress: Progress
         "recap": progress.stats,
         "artifacts": str(args.run_dir / "ansible"),
     }
+
+
+def write_manifest(run_dir: Path, result: dict[str, Any], started: float) -> Path:
+    """Writes this invocation's manifest as ``manifest-<start time>.json`` and points
+    ``manifest.json`` (a symlink) at it: a rerun with the same run directory adds its own record
+    and keeps the one of the run that trained the drafter."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
+    path, n = run_dir / f"manifest-{stamp}.json", 1
+    while path.exists():
+        n += 1
+        path = run_dir / f"manifest-{stamp}-{n}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    latest, link = run_dir / "manifest.json", run_dir / "manifest.json.tmp"
+    if latest.exists() and not latest.is_symlink():  # written before manifests were kept: keep it too
+        old = time.strftime("%Y%m%d-%H%M%S", time.localtime(latest.stat().st_mtime))
+        os.replace(latest, run_dir / f"manifest-{old}-earlier.json")
+    link.unlink(missing_ok=True)
+    link.symlink_to(path.name)
+    os.replace(link, latest)
+    return path
 
 
 def validation_lines(report: dict[str, Any] | None) -> list[str]:
@@ -291,19 +386,21 @@ def main(argv: list[str] | None = None) -> int:
         event_handler=progress,
         quiet=True,
     )
-    thread.join()
+    while thread.is_alive():  # a line now and then for a task that prints nothing (install, server load)
+        thread.join(timeout=QUIET_S / 4)
+        progress.tick()
     rc = runner.rc if runner.rc is not None else 1
-    result = manifest(args, extra, progress, rc, runner.status)
-    path = args.run_dir / "manifest.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    path = write_manifest(args.run_dir, manifest(args, extra, progress, rc, runner.status), progress.started)
+    result = json.loads(path.read_text())
     for line in validation_lines(result["validation"]):
         print(line)
     print(f"manifest: {path}")
     if rc != 0:
         for failure in progress.failures[:5]:
-            print(f"failed: {failure['host']} | {failure['task']}: {failure['message'][:500]}", file=sys.stderr)
+            print(
+                f"failed: {failure['host']} | {failure['task']}:\n{failure_summary(failure['message'])}",
+                file=sys.stderr,
+            )
         print(f"playbook failed ({runner.status}, exit {rc}); ansible-runner artifacts: {args.run_dir / 'ansible'}")
     return rc
 

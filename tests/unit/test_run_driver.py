@@ -70,7 +70,7 @@ def test_progress_follows_a_stage_and_records_failures() -> None:
             "runner_retry",
             "Wait for the stage, reporting progress: generate-0",
             stdout=json.dumps(
-                {"stage": "generate-0", "done": False, "progress": "generate: 10/200 rows, 0 errors, 700 tok/s"}
+                {"stage": "generate-0", "done": False, "progress": "generate: 10/200 rows, 0 failed, 700 tok/s"}
             ),
         )
     )
@@ -120,13 +120,82 @@ def test_speculators_metrics_lines_are_shortened() -> None:
     )
     assert run.brief_progress(line) == "epoch 1 step 12 loss 3.250 464 tok/s"
     assert run.brief_progress("generate: 10/200 rows") == "generate: 10/200 rows"
+    prefixed = "2026-12-04 20:32:34,983 jobs.validate INFO validate trained: server up in 40 s; 0/16 prompts"
+    assert run.brief_progress(prefixed) == "validate trained: server up in 40 s; 0/16 prompts"
+    assert run.brief_progress("2026-12-04 20:32:34,983 jobs.generate WARNING server x not answering") == (
+        "WARNING: server x not answering"
+    )
     assert len(run.brief_progress("x" * 500)) == 200
 
 
 def test_eta_from_row_progress() -> None:
     record: dict = {}
-    assert run.estimate_eta(record, "generate: 10/200 rows, 0 errors, 700 tok/s", 100.0) == ""
+    assert run.estimate_eta(record, "generate: 10/200 rows, 0 failed, 700 tok/s", 100.0) == ""
     # 20 more rows in 10 s: 2 rows/s, 170 rows left -> 85 s
-    assert run.estimate_eta(record, "generate: 30/200 rows, 0 errors, 700 tok/s", 110.0) == ", ETA 1m25s"
+    assert run.estimate_eta(record, "generate: 30/200 rows, 0 failed, 700 tok/s", 110.0) == ", ETA 1m25s"
     assert run.estimate_eta(record, "generate: 200/200 rows", 120.0) == ""
     assert run.estimate_eta({}, "epoch 1 step 3 loss 2.000 400 tok/s", 5.0) == ""
+
+
+def test_failure_message_gives_the_cause_line_by_line() -> None:
+    # What the pre-flight's fail task returns: a list, one problem per line (not a Python repr).
+    preflight = {
+        "msg": ["Pre-flight failed on h1 (2 problems):", "h1: GPU 3: memory used 80000 MiB", "h1: port 8000 in use"]
+    }
+    assert run.failure_message(preflight) == "\n".join(preflight["msg"])
+    # What vllm_server_wait returns when the load died: its error lines and journal are shown.
+    died = {
+        "msg": "vllm-gen.service died while loading the model: unit is failed.",
+        "errors": ["HFValidationError: Repo id must be in the form 'repo_name': '/nonexistent'"],
+        "journal": [f"line {i}" for i in range(60)],
+    }
+    text = run.failure_message(died)
+    assert "  HFValidationError: Repo id must be in the form 'repo_name': '/nonexistent'" in text.splitlines()
+    assert text.splitlines()[-1] == "  line 59" and "  line 45" in text and "  line 44" not in text
+
+
+def test_failure_summary_keeps_the_end_of_a_log_tail() -> None:
+    message = "\n".join(["non-zero return code", "stage train failed (exit 1); log x:"] + [f"l{i}" for i in range(40)])
+    message += "\nValueError: the real cause"
+    summary = run.failure_summary(message)
+    assert summary.startswith("non-zero return code\nstage train failed")
+    assert summary.endswith("ValueError: the real cause") and "l20" not in summary
+    assert run.failure_summary("short\nmessage") == "short\nmessage"
+
+
+def test_each_invocation_keeps_its_manifest(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text('{"run": "before manifests were kept"}')
+    first = run.write_manifest(tmp_path, {"run": 1}, 1_000_000.0)
+    second = run.write_manifest(tmp_path, {"run": 2}, 1_000_000.0)  # same second: still its own file
+    third = run.write_manifest(tmp_path, {"run": 3}, 1_000_100.0)
+    assert len({first, second, third}) == 3
+    assert [json.loads(p.read_text())["run"] for p in (first, second, third)] == [1, 2, 3]
+    latest = tmp_path / "manifest.json"
+    assert latest.is_symlink() and json.loads(latest.read_text()) == {"run": 3}
+    kept = sorted(p.name for p in tmp_path.glob("manifest-*.json"))
+    assert len(kept) == 4 and any(name.endswith("-earlier.json") for name in kept)
+
+
+def test_a_quiet_task_gets_a_line_now_and_then_and_the_server_wait_says_when_it_is_healthy() -> None:
+    out = io.StringIO()
+    progress = run.Progress(out=out)
+    progress(event("runner_on_start", "Install vLLM into the venv"))
+    progress(event("runner_on_start", "Wait for the model to be served (fails at once if the unit dies)"))
+    start = progress.running[("h1", "Install vLLM into the venv")]["started"]
+    progress.tick(now=start + 10)
+    assert out.getvalue() == ""  # not quiet for long yet
+    progress.tick(now=start + run.QUIET_S + 1)
+    progress.tick(now=start + run.QUIET_S + 2)  # said once a QUIET_S, not on every tick
+    lines = out.getvalue().splitlines()
+    assert len([x for x in lines if "h1: Install vLLM into the venv [61s, running]" in x]) == 1, lines
+    progress.running[("h1", "Install vLLM into the venv")]["started"] -= 100
+    progress(event("runner_on_ok", "Install vLLM into the venv", changed=True))
+    assert "h1: Install vLLM into the venv done in 100 s" in out.getvalue()
+    progress(
+        event(
+            "runner_on_ok", "Wait for the model to be served (fails at once if the unit dies)",
+            unit="vllm-gen.service", main_pid=41, waited_s=43.4, models=["tiny"],
+        )
+    )  # fmt: skip
+    assert "h1: vllm-gen.service healthy, serving ['tiny'] after 43 s" in out.getvalue()
+    assert progress.running == {}
