@@ -29,12 +29,16 @@ import os
 import random
 import sys
 import time
+import uuid
+from collections import deque
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from jobs import hidden_state_files
 
 LOG = logging.getLogger("jobs.generate")
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
@@ -57,6 +61,7 @@ class Stats:
     skipped_done: int = 0
     done: int = 0
     errors: int = 0
+    failed: int = 0
     malformed: int = 0
     retries: int = 0
     prompt_tokens: int = 0
@@ -71,6 +76,7 @@ class Stats:
         out["elapsed_s"] = round(elapsed, 2)
         out["completion_tokens_per_s"] = round(self.completion_tokens / elapsed, 1) if elapsed else 0.0
         out["truncation_rate"] = round(self.truncated / self.done, 4) if self.done else 0.0
+        out["error_fraction"] = round(self.failed / self.total, 4) if self.total else 0.0
         return out
 
 
@@ -79,6 +85,10 @@ class Stats:
 
 class InputUnreadable(ValueError):
     """The dataset file itself cannot be read (as opposed to one malformed row in it)."""
+
+
+class NothingToGenerate(ValueError):
+    """This generator's shard of the dataset holds no question at all."""
 
 
 def read_records(path: Path) -> Iterator[Any]:
@@ -156,7 +166,9 @@ def to_question(record: Any) -> Question:
         raise record
     if not isinstance(record, dict):
         raise ValueError(f"row is {type(record).__name__}, not an object")
-    if isinstance(record.get("prompt"), str) and record["prompt"].strip():
+    if isinstance(record.get("prompt"), str) and not record["prompt"].strip():
+        raise ValueError("row's 'prompt' is empty")
+    if isinstance(record.get("prompt"), str):
         messages = [{"role": "user", "content": record["prompt"]}]
     elif isinstance(record.get("conversations") or record.get("messages"), list):
         messages = []
@@ -203,6 +215,18 @@ def repair_tail(path: Path) -> None:
         keep = data.rfind(b"\n") + 1
         handle.truncate(keep)
         LOG.warning("cut a partial last row (%d bytes) from %s", len(data) - keep, path)
+
+
+MALFORMED = "malformed input"
+
+
+def failed_rows(path: Path) -> int:
+    """Questions recorded in ``errors-<rank>.jsonl`` as failed for good, by this run or an
+    earlier one (not the malformed input rows rank 0 records there too)."""
+    if not path.exists():
+        return 0
+    with path.open() as lines:
+        return sum(not json.loads(line)["reason"].startswith(MALFORMED) for line in lines if line.strip())
 
 
 def finished_ids(out: Path) -> set[str]:
@@ -280,6 +304,10 @@ class Settings:
     request_timeout: float
     max_attempts: int
     fused_hidden_states: bool
+    # The server's hidden-states directory (fused capture): locks and orphaned files are removed.
+    hidden_states_dir: Path | None = None
+    # Start of every request id (X-Request-Id): hidden_state_files.request_prefix, set by generate().
+    request_prefix: str = "e3g-"
 
 
 class Generator:
@@ -309,7 +337,10 @@ class Generator:
         attempt = 0
         while True:
             try:
-                response = await self.client.post("/v1/chat/completions", json=self.payload(question))
+                response = await self.client.post(
+                    "/v1/chat/completions", json=self.payload(question),
+                    headers={"X-Request-Id": f"{self.s.request_prefix}{uuid.uuid4().hex[:16]}"},
+                )  # fmt: skip
             except (httpx.TransportError, OSError) as err:
                 self.note_unreachable(err)
                 await self.backoff(min(attempt + 1, 4))
@@ -332,6 +363,8 @@ class Generator:
                 return
             self.rows.write(row)
             self.count(row)
+            if row["hidden_states_path"] and self.s.hidden_states_dir:
+                await asyncio.to_thread(hidden_state_files.release_lock, row["hidden_states_path"])
             return
 
     def note_unreachable(self, err: Exception) -> None:
@@ -353,6 +386,7 @@ class Generator:
     def fail(self, question: Question, reason: str) -> None:
         self.errors.write({"id": question.id, "reason": reason})
         self.stats.errors += 1
+        self.stats.failed += 1
         LOG.error("row %s failed: %s", question.id, reason)
 
     def count(self, row: dict[str, Any]) -> None:
@@ -379,17 +413,28 @@ class Generator:
                 task.cancel()
             await self.client.aclose()
 
-    async def report(self) -> None:
+    async def report(self, every: float = 5.0, window: float = 60.0) -> None:
+        """A progress line every ``every`` s: rows done, errors, and the token rate over the last
+        ``window`` s (not the lifetime average, which hides a stall); while the server does not
+        answer, how long it has not and the limit, from the first failed request."""
+        recent: deque[tuple[float, int]] = deque([(time.monotonic(), self.stats.completion_tokens)])
         while True:
-            await asyncio.sleep(5)
-            s = self.stats
-            elapsed = time.monotonic() - s.started
-            print(
-                f"generate: {s.done + s.skipped_done}/{s.total} rows, {s.errors} errors, "
-                f"{s.completion_tokens / elapsed:.0f} tok/s",
-                file=sys.stderr,
-                flush=True,
+            await asyncio.sleep(every)
+            print(self.progress_line(recent, window), file=sys.stderr, flush=True)
+
+    def progress_line(self, recent: deque[tuple[float, int]], window: float) -> str:
+        s, now = self.stats, time.monotonic()
+        recent.append((now, s.completion_tokens))
+        while len(recent) > 2 and now - recent[1][0] >= window:
+            recent.popleft()
+        tokens_then, span = recent[0][1], now - recent[0][0]
+        line = f"generate: {s.done + s.skipped_done}/{s.total} rows, {s.failed} failed"
+        if self.unreachable_since is not None:
+            return (
+                f"{line}, server unreachable for {now - self.unreachable_since:.0f} s "
+                f"(limit {self.s.unreachable_timeout:.0f} s)"
             )
+        return f"{line}, {(s.completion_tokens - tokens_then) / span if span > 0 else 0.0:.0f} tok/s"
 
 
 # ---------- the job ----------
@@ -408,7 +453,7 @@ def plan(
             stats.malformed += 1
             LOG.warning("input row %d skipped: %s", number, err)
             if rank == 0 and f"input-row-{number}" not in done:
-                errors.write({"id": f"input-row-{number}", "reason": f"malformed input: {err}"})
+                errors.write({"id": f"input-row-{number}", "reason": f"{MALFORMED}: {err}"})
             continue
         if shard_of(question.id, world_size) != rank or question.id in seen:
             continue
@@ -421,14 +466,29 @@ def plan(
     return todo
 
 
+def tidy_hidden_states(settings: Settings, out: Path) -> hidden_state_files.Reclaimed:
+    """Remove the hidden-state files no recorded row names (requests of a killed run) and
+    leftover locks from the server's directory."""
+    if not (settings.fused_hidden_states and settings.hidden_states_dir):
+        return hidden_state_files.Reclaimed()
+    return hidden_state_files.remove_orphans(settings.hidden_states_dir, [out], settings.request_prefix)
+
+
 def generate(input_path: Path, out: Path, settings: Settings, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
+    settings = replace(settings, request_prefix=hidden_state_files.request_prefix(out, rank))
     done = finished_ids(out)
-    stats = Stats()
+    stats = Stats(failed=failed_rows(out / f"errors-{rank}.jsonl"))
     rows = RowWriter(out / f"rows-{rank}.jsonl")
     errors = RowWriter(out / f"errors-{rank}.jsonl")
     try:
         todo = plan(input_path, rank, world_size, done, stats, errors)
+        if stats.total == 0:
+            raise NothingToGenerate(
+                f"{input_path}: no question for rank {rank} of {world_size}"
+                + (f" ({stats.malformed} malformed rows skipped)" if stats.malformed else " (the file has no rows)")
+                + ": check the dataset, or run fewer generators than it has questions"
+            )
         LOG.info(
             "rank %d/%d: %d rows, %d already done, %d to generate",
             rank,
@@ -437,11 +497,15 @@ def generate(input_path: Path, out: Path, settings: Settings, rank: int = 0, wor
             stats.skipped_done,
             len(todo),
         )
+        reclaimed = tidy_hidden_states(settings, out)
         asyncio.run(Generator(settings, rows, errors, stats).run(iter(todo)))
+        reclaimed.add(tidy_hidden_states(settings, out))  # what requests of a killed run wrote since
     finally:
         rows.close()
         errors.close()
     summary = {"rank": rank, "world_size": world_size, **stats.summary()}
+    if settings.fused_hidden_states and settings.hidden_states_dir:
+        summary["hidden_states_reclaimed"] = asdict(reclaimed)
     (out / f"summary-{rank}.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -463,6 +527,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request-timeout", type=float, default=3600)
     parser.add_argument("--max-attempts", type=int, default=8, help="tries per row on transient errors")
     parser.add_argument("--fused-hidden-states", action="store_true", help="ask the server for hidden states too")
+    parser.add_argument(
+        "--hidden-states-dir", type=Path,
+        help="the server's hidden-states directory (with --fused-hidden-states): remove the locks of recorded rows "
+        "and the files of requests whose rows were never recorded (a killed run)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-error-fraction", type=float, default=0.01,
+        help="share of this shard's questions that may fail for good (recorded in errors-<rank>.jsonl, not retried "
+        "on resume) before the job exits 1",
+    )  # fmt: skip
     parser.add_argument(
         "--check-input", action="store_true",
         help="only read --input through (no server needed): print its row counts, or one line on why it cannot be read",
@@ -495,17 +569,34 @@ def main(argv: list[str] | None = None) -> int:
         request_timeout=args.request_timeout,
         max_attempts=args.max_attempts,
         fused_hidden_states=args.fused_hidden_states,
+        hidden_states_dir=args.hidden_states_dir,
     )
     try:
         summary = generate(args.input, args.out, settings, args.rank, args.world_size)
     except ServerUnreachable as err:
         LOG.error("%s", err)
         return 3
-    except InputUnreadable as err:
+    except (InputUnreadable, NothingToGenerate) as err:
         LOG.error("%s", err)
         return 2
     print(json.dumps(summary))
-    return 0 if summary["errors"] == 0 else 1
+    return 0 if within_error_budget(summary, args.max_error_fraction, args.out / f"errors-{args.rank}.jsonl") else 1
+
+
+def within_error_budget(summary: dict[str, Any], max_fraction: float, errors: Path) -> bool:
+    """Questions that failed for good (a prompt longer than the context: HTTP 400) are recorded
+    with their reason and counted in every summary, this run's and earlier ones'; they fail the
+    job only above ``max_fraction`` of the shard."""
+    if not summary["failed"] and not summary["malformed"]:
+        return True
+    what = f"{summary['failed']} of {summary['total']} questions failed for good ({summary['error_fraction']:.2%})"
+    if summary["malformed"]:
+        what += f", {summary['malformed']} input rows malformed (skipped)"
+    if summary["error_fraction"] > max_fraction:
+        LOG.error("%s: above --max-error-fraction %s; reasons in %s", what, max_fraction, errors)
+        return False
+    LOG.warning("%s, within --max-error-fraction %s; reasons in %s", what, max_fraction, errors)
+    return True
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from jobs import generate
+from jobs import generate, hidden_state_files
 from tests.jobs.conftest import Server, TcpProxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,3 +182,71 @@ def test_malformed_rows_are_reported_skipped_and_counted(tiny_server: Server, tm
     again = generate.generate(questions, tmp_path / "out", settings(tiny_server))
     assert (again["done"], again["skipped_done"]) == (0, 2)
     assert len((tmp_path / "out/errors-0.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_prompt_longer_than_the_context_is_recorded_counted_and_fails_only_above_the_budget(
+    tiny_server: Server, tmp_path: Path
+) -> None:
+    questions = tmp_path / "q.jsonl"
+    write_questions(questions, 3)
+    with questions.open("a") as f:  # far over the server's --max-model-len (inventory/tiny: 2048)
+        f.write(json.dumps({"id": "too-long", "prompt": " ".join(str(i) for i in range(4000))}) + "\n")
+    out = tmp_path / "out"
+    argv = ["--input", str(questions), "--out", str(out), "--server", tiny_server.url, "--model", tiny_server.model,
+            "--temperature", "0", "--max-tokens", "8"]  # fmt: skip
+
+    def summary() -> dict[str, Any]:
+        return json.loads((out / "summary-0.json").read_text())
+
+    assert generate.main([*argv, "--max-error-fraction", "0.1"]) == 1  # 1 of 4 failed: 25% > 10%
+    errors = [json.loads(line) for line in (out / "errors-0.jsonl").read_text().splitlines()]
+    assert [e["id"] for e in errors] == ["too-long"] and errors[0]["reason"].startswith("HTTP 400"), errors
+    first = summary()
+    assert (first["done"], first["errors"], first["failed"], first["error_fraction"]) == (3, 1, 1, 0.25)
+    # A rerun with nothing changed does not send it again, still counts it, and still fails.
+    assert generate.main([*argv, "--max-error-fraction", "0.1"]) == 1
+    again = summary()
+    assert (again["done"], again["skipped_done"], again["errors"], again["failed"]) == (0, 4, 0, 1)
+    # Within the budget the stage passes, with the row counted.
+    assert generate.main([*argv, "--max-error-fraction", "0.25"]) == 0
+    assert summary()["failed"] == 1
+
+
+def test_sigkill_during_fused_capture_leaves_no_orphaned_files_or_locks(hs_server: Server, tmp_path: Path) -> None:
+    states = hs_server.hidden_states_dir
+    assert states is not None
+    questions = tmp_path / "q.jsonl"
+    ids = write_questions(questions, 40)
+    out = tmp_path / "out"
+    fused = ["--fused-hidden-states", "--hidden-states-dir", str(states), "--max-tokens", "48"]
+    prefix = hidden_state_files.request_prefix(out, 0)
+    proc = subprocess.Popen(
+        cli(hs_server.url, questions, out, "--concurrency", "8", *fused),
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_for_rows(out, 5, proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    recorded = {Path(r["hidden_states_path"]).name for r in rows(out)}
+    assert 5 <= len(recorded) < 40, "kill the job mid-run"
+    # The server finishes the killed job's requests: their files are written, no row names them.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        mine = {p.name for p in states.glob(f"*{prefix}*.safetensors")}
+        locks = list(states.glob(f"*{prefix}*.lock"))
+        if len(mine - recorded) >= 1 and all(hidden_state_files.writer_done(lock) is not False for lock in locks):
+            break
+        time.sleep(1)
+    orphans = [states / name for name in mine - recorded]
+    assert orphans, "the killed job's requests in flight left files"
+    orphan_bytes = sum(p.stat().st_size for p in orphans)
+
+    rerun = subprocess.run(cli(hs_server.url, questions, out, *fused), cwd=ROOT, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert sorted(r["id"] for r in rows(out)) == sorted(ids)
+    named = {Path(r["hidden_states_path"]).name for r in rows(out)}
+    # Every file of this run's requests is one a row names; no lock of them is left.
+    assert {p.name for p in states.glob(f"*{prefix}*.safetensors")} == named
+    assert not list(states.glob(f"*{prefix}*.lock"))
+    reclaimed = json.loads(rerun.stdout.splitlines()[-1])["hidden_states_reclaimed"]
+    assert reclaimed["files"] >= len(orphans) and reclaimed["bytes"] >= orphan_bytes, (reclaimed, len(orphans))

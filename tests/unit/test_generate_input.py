@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,44 @@ def test_check_input_counts_rows_and_questions(tmp_path: Path, capsys) -> None: 
     path.write_text('{"prompt": "a"}\n{"nothing": 1}\nnot json\n{"prompt": "b"}\n')
     assert generate.main(["--check-input", "--input", str(path)]) == 0
     assert json.loads(capsys.readouterr().out) == {"rows": 4, "questions": 2, "malformed": 2}
+
+
+def test_an_empty_prompt_is_called_empty() -> None:
+    with pytest.raises(ValueError, match="'prompt' is empty"):
+        generate.to_question({"prompt": "  \n"})
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [("", "(the file has no rows)"), ('{"prompt": ""}\nnot json\n', "(2 malformed rows skipped)")],
+)
+def test_a_shard_without_questions_fails_the_job(content: str, says: str, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "q.jsonl"
+    path.write_text(content)
+    argv = ["--input", str(path), "--out", str(tmp_path / "out"), "--model", "m", "--server", "http://127.0.0.1:9"]
+    assert generate.main(argv) == 2
+    assert f"{path}: no question for rank 0 of 1 {says}" in caplog.text
+    assert not (tmp_path / "out" / "summary-0.json").exists()
+
+
+def test_an_empty_shard_of_a_dataset_fails_that_rank_only(tmp_path: Path) -> None:
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"id": "a", "prompt": "x"}\n')
+    owner = generate.shard_of("a", 2)
+    settings = generate.Settings("http://127.0.0.1:9", "m", 1, {}, 1.0, 1.0, 1, False)
+    with pytest.raises(generate.NothingToGenerate, match=f"rank {1 - owner} of 2"):
+        generate.generate(path, tmp_path / "out", settings, rank=1 - owner, world_size=2)
+
+
+def test_progress_shows_the_recent_rate_and_an_outage_from_its_first_second() -> None:
+    settings = generate.Settings("http://127.0.0.1:9", "m", 1, {}, 300.0, 1.0, 1, False)
+    gen = generate.Generator(settings, None, None, generate.Stats(total=100, done=10))  # type: ignore[arg-type]
+    now = time.monotonic()
+    gen.stats.completion_tokens = 1100
+    # 1000 tokens in the first 100 s, 100 in the last 100: the line shows the last minute's rate.
+    recent = deque([(now - 200, 0), (now - 100, 1000)])
+    assert gen.progress_line(recent, window=60) == "generate: 10/100 rows, 0 failed, 1 tok/s"
+    gen.unreachable_since = time.monotonic() - 12
+    assert gen.progress_line(recent, window=60) == (
+        "generate: 10/100 rows, 0 failed, server unreachable for 12 s (limit 300 s)"
+    )
