@@ -39,6 +39,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,59 @@ def on_cpu(s: TrainSettings) -> bool:
     return s.device == "cpu" or (s.device == "auto" and torch.accelerator.current_accelerator() is None)
 
 
+class StepProgress(logging.Handler):
+    """After each of speculators' metric records (a dict with ``global_step``) logs one line with
+    the total: 'train: 12/60 steps (epoch 1/3), loss 3.250, 464 tok/s'. speculators logs the step
+    alone; the total is its trainer's (``max_steps``, else epochs x batches per epoch), read when
+    training starts (``counting_steps``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total: int | None = None
+        self.epochs: int | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        metrics = record.msg
+        if record.name != "speculators.metrics" or not isinstance(metrics, dict) or "global_step" not in metrics:
+            return
+        if not self.total:
+            return
+        train, profile = metrics.get("train") or {}, metrics.get("profile") or {}
+        LOG.info(
+            "train: %d/%d steps (epoch %d/%d), loss %.3f, %.0f tok/s",
+            metrics["global_step"] + 1, self.total, int(metrics.get("epoch", 0)) + 1, self.epochs or 0,
+            train.get("loss", float("nan")), profile.get("tokens_per_s", 0.0),
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def counting_steps() -> Iterator[StepProgress]:
+    """While speculators trains in this process: its total step count is known to a
+    StepProgress handler. The handler goes last on the root logger when training starts (after
+    speculators' logging setup), so that its line follows the metrics line it is made from: a
+    stage's progress is its log's last line."""
+    from speculators.train.trainer import Trainer
+
+    handler, original = StepProgress(), Trainer.run_training
+    root = logging.getLogger()
+
+    def run_training(self: Trainer, *args: Any, **kwargs: Any) -> Any:
+        config = self.config
+        handler.epochs = config.num_epochs
+        handler.total = config.max_steps or config.num_epochs * len(self.train_loader)
+        root.addHandler(handler)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            root.removeHandler(handler)
+
+    Trainer.run_training = run_training  # type: ignore[method-assign]
+    try:
+        yield handler
+    finally:
+        Trainer.run_training = original  # type: ignore[method-assign]
+
+
 def run_speculators(s: TrainSettings, argv: list[str]) -> None:
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
@@ -170,6 +224,7 @@ def run_speculators(s: TrainSettings, argv: list[str]) -> None:
     cfg = TrainConfig.resolve(argv)
     with contextlib.ExitStack() as stack:
         stack.enter_context(text_processor.text_only())
+        stack.enter_context(counting_steps())
         if on_cpu(s):
             from jobs.cpu_training import cpu_accelerator
 

@@ -70,30 +70,51 @@ def acceptance(before: dict[str, Any], after: dict[str, Any], k: int) -> dict[st
     }
 
 
-async def send_prompts(url: str, prompts: list[list[dict[str, str]]], max_tokens: int, concurrency: int) -> int:
+async def send_prompts(
+    url: str, prompts: list[list[dict[str, str]]], max_tokens: int, concurrency: int, label: str = "",
+    every: float = 5.0,
+) -> int:  # fmt: skip
+    """Send the prompts, ``concurrency`` at a time; logs '<label>: N/T prompts' every ``every`` s."""
     sem = asyncio.Semaphore(concurrency)
+    done = 0
+
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(every)
+            LOG.info("validate %s: %d/%d prompts", label, done, len(prompts))
+
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
 
         async def one(messages: list[dict[str, str]]) -> int:
+            nonlocal done
             async with sem:
                 body = {"model": "target", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
                 response = await client.post("/v1/chat/completions", json=body)
                 response.raise_for_status()
+                done += 1
                 return int(response.json()["usage"]["completion_tokens"])
 
-        return sum(await asyncio.gather(*(one(m) for m in prompts)))
+        reporter = asyncio.create_task(report())
+        try:
+            return sum(await asyncio.gather(*(one(m) for m in prompts)))
+        finally:
+            reporter.cancel()
 
 
 def measure(
-    target: Path, drafter: Path, prompts: list[list[dict[str, str]]], k: int, max_tokens: int, concurrency: int,
+    name: str, target: Path, drafter: Path, prompts: list[list[dict[str, str]]], k: int, max_tokens: int, concurrency: int,
     server_args: list[str], log: Path,
 ) -> dict[str, Any]:  # fmt: skip
     spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": k}
+    LOG.info("validate %s: starting vLLM with the drafter (log %s)", name, log)
+    loading = time.monotonic()
     with VllmProcess(target, ["--speculative-config", json.dumps(spec), *server_args], log=log) as url:
+        LOG.info("validate %s: server up in %.0f s; 0/%d prompts", name, time.monotonic() - loading, len(prompts))
         before = parse_metrics(httpx.get(f"{url}/metrics").text)
         started = time.monotonic()
-        tokens = asyncio.run(send_prompts(url, prompts, max_tokens, concurrency))
+        tokens = asyncio.run(send_prompts(url, prompts, max_tokens, concurrency, name))
         elapsed = time.monotonic() - started
+        LOG.info("validate %s: %d/%d prompts in %.0f s", name, len(prompts), len(prompts), elapsed)
         after = parse_metrics(httpx.get(f"{url}/metrics").text)
     return acceptance(before, after, k) | {"completion_tokens": tokens, "elapsed_s": round(elapsed, 2)}
 
@@ -141,7 +162,7 @@ def validate(
     for name, drafter in drafters.items():
         LOG.info("measuring %s (%s) on %d prompts", name, drafter, len(prompts))
         results[name] = measure(
-            target, drafter, prompts, k, max_tokens, concurrency, server_args or [], out / f"vllm-{name}.log"
+            name, target, drafter, prompts, k, max_tokens, concurrency, server_args or [], out / f"vllm-{name}.log"
         ) | {"drafter": str(drafter)}
         LOG.info("%s: mean acceptance length %s", name, results[name]["mean_acceptance_length"])
     report: dict[str, Any] = {

@@ -12,6 +12,7 @@ states are captured in the generation pass and equal a transformers forward of t
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -123,6 +124,15 @@ def test_a_drafter_trains_against_the_nested_verifier(kimi: Server, generated: d
         [sys.executable, "-m", "jobs.train", "--config", str(config)], cwd=ROOT, capture_output=True, text=True
     )
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    # Progress names the total: 'train: S/T steps (epoch E/N)' for every step, 1 to T.
+    steps = [(int(s), int(t)) for s, t in re.findall(r"train: (\d+)/(\d+) steps \(epoch 1/1\)", run.stderr)]
+    assert steps and [s for s, _ in steps] == list(range(1, steps[-1][1] + 1)), steps
+    # Each follows the metrics line it is made from: the log's last line, the driver's progress.
+    lines = run.stderr.splitlines()
+    after = [
+        lines[i + 1] for i, line in enumerate(lines[:-1]) if "speculators.metrics" in line and "'global_step'" in line
+    ]
+    assert after and all("train: " in line and " steps (epoch " in line for line in after), after[:3]
     final = tmp_path / "drafter" / "final"
     drafter = json.loads((final / "config.json").read_text())
     text = json.loads((kimi.model_path / "config.json").read_text())["text_config"]
