@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from jobs import extract, generate, prepare
-from tests.jobs.conftest import AUX_LAYER_IDS, CAPTURED_LAYER_IDS, Server
+from jobs.vllm_process import cpu_hidden_states_server
+from tests.jobs.conftest import AUX_LAYER_IDS, CAPTURED_LAYER_IDS, Server, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = extract.Shape(layers=len(CAPTURED_LAYER_IDS), hidden_size=256)
@@ -135,3 +137,48 @@ def test_kimi_estimate_is_57_kb_per_token() -> None:
     kimi = extract.Shape(layers=4, hidden_size=7168)  # aux 2/30/58 + the last layer
     assert kimi.bytes_for(1) == 57_344
     assert kimi.bytes_for(8192) == 8192 * 57_344
+
+
+@pytest.fixture(scope="module")
+def chunked_hs_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The hidden-states server with chunked prefill forced: 16 tokens a step, so every prompt
+    (and every extraction request) is split over several scheduler steps."""
+    work = tmp_path_factory.mktemp("chunked-hs-server")
+    args, env = cpu_hidden_states_server(CAPTURED_LAYER_IDS, work / "states")
+    chunked = ["--enable-chunked-prefill", "--max-num-batched-tokens", "16", "--max-num-seqs", "8"]
+    for url in serve(tiny_model_dir, work / "vllm.log", [*chunked, *args], env):
+        yield Server(url, "tiny", tiny_model_dir, work / "vllm.log", work / "states")
+
+
+def test_chunked_prefill_captures_the_same_states_as_transformers(chunked_hs_server: Server, tmp_path: Path) -> None:
+    """Model-Optimizer's vLLM recipe turns chunked prefill off for extract_hidden_states: vLLM's
+    connector used to save in ``wait_for_save``, once per scheduler step, so a chunked prompt was
+    saved in pieces (vllm-project/vllm#43805 moved the save to ``get_finished``, once per
+    request). vLLM 0.32.0 has the new flow; this checks it on prompts split into 16-token steps."""
+    from transformers import AutoModelForCausalLM
+
+    settings = generate.Settings(
+        server=chunked_hs_server.url, model="tiny", concurrency=4, sampling={"max_tokens": 40, "temperature": 0.0},
+        unreachable_timeout=30.0, request_timeout=300.0, max_attempts=4, fused_hidden_states=True,
+    )  # fmt: skip
+    assert generate.generate(questions(tmp_path / "q.jsonl", 4), tmp_path / "generated", settings)["done"] == 4
+    prepare.prepare([tmp_path / "generated"], chunked_hs_server.model_path, tmp_path / "prepared", seq_length=2048)
+    fused = run_extract(tmp_path / "prepared", tmp_path / "hs-fused", fused_rows=[tmp_path / "generated"])
+    separate = run_extract(tmp_path / "prepared", tmp_path / "hs-separate", server=chunked_hs_server.url)
+    assert (fused["fused"], separate["extracted"]) == (4, 4)
+    log = chunked_hs_server.log.read_text()
+    assert "max_num_batched_tokens=16" in log.replace(" ", "") or "'max_num_batched_tokens': 16" in log, log[-2000:]
+    model = AutoModelForCausalLM.from_pretrained(chunked_hs_server.model_path, dtype=torch.float32).eval()
+    pre_norm: list[torch.Tensor] = []
+    model.model.norm.register_forward_hook(lambda _m, args, _o: pre_norm.append(args[0]))
+    for out in (tmp_path / "hs-fused", tmp_path / "hs-separate"):
+        for i in range(4):
+            saved = load_file(out / f"hs_{i}.safetensors")
+            assert len(saved["token_ids"]) > 16, "the row must span several 16-token steps"
+            with torch.no_grad():
+                result = model(saved["token_ids"].unsqueeze(0), output_hidden_states=True)
+            expected = [result.hidden_states[layer][0] for layer in AUX_LAYER_IDS] + [pre_norm[-1][0]]
+            for position, reference in enumerate(expected):
+                got = saved["hidden_states"][:, position].float()
+                error = (got - reference).norm() / reference.norm()
+                assert error < 3e-2, f"{out.name} row {i} layer {CAPTURED_LAYER_IDS[position]}: error {error:.4f}"

@@ -146,10 +146,28 @@ def error_lines(lines: list[str], limit: int = 12) -> list[str]:
     return found[:limit]
 
 
-def stop(unit: str) -> str:
-    """Stop the unit after a failed load; '' when it stopped, else systemctl's error."""
-    answer = subprocess.run(["systemctl", "stop", unit], capture_output=True, text=True, check=False)
-    return "" if answer.returncode == 0 else (answer.stderr.strip() or f"systemctl stop exited {answer.returncode}")
+def stop(unit: str, timeout: float = 60.0, poll: float = 0.5) -> str:
+    """Stop the unit after a failed load and see it stay down; '' when it did, else why not.
+
+    A stop sent while systemd is still tearing the dead server down (``deactivating``) can merge
+    with that teardown, after which ``Restart=on-failure`` may still schedule a restart; so the
+    unit is stopped again until two reads in a row find it inactive (or failed), not waiting to
+    restart."""
+    deadline, calm = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        now = unit_state(unit)
+        if now.get("ActiveState") in ("inactive", "failed") and now.get("SubState") != "auto-restart":
+            calm += 1
+            if calm >= 2:
+                return ""
+        else:
+            calm = 0
+            if now.get("ActiveState") != "deactivating":
+                answer = subprocess.run(["systemctl", "stop", unit], capture_output=True, text=True, check=False)
+                if answer.returncode != 0:
+                    return answer.stderr.strip() or f"systemctl stop exited {answer.returncode}"
+        time.sleep(poll)
+    return f"it did not stay stopped within {timeout:.0f} s ({now.get('ActiveState')}, {now.get('SubState')})"
 
 
 def invocation_journal(unit: str, invocation: str) -> list[str]:
