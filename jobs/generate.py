@@ -42,6 +42,8 @@ from jobs import hidden_state_files
 
 LOG = logging.getLogger("jobs.generate")
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
+# Seconds a fused row waits for the server to write its hidden-state file.
+HIDDEN_STATES_WAIT = 60.0
 ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
@@ -361,11 +363,30 @@ class Generator:
             except (ValueError, KeyError, IndexError) as err:
                 self.fail(question, f"unusable response: {err}")
                 return
+            if row["hidden_states_path"]:
+                await self.wait_for_hidden_states(row)
             self.rows.write(row)
             self.count(row)
-            if row["hidden_states_path"] and self.s.hidden_states_dir:
-                await asyncio.to_thread(hidden_state_files.release_lock, row["hidden_states_path"])
             return
+
+    async def wait_for_hidden_states(self, row: dict[str, Any]) -> None:
+        """Record a fused row only once the server has written its file (and, with
+        ``hidden_states_dir``, remove its lock): the server answers before it writes, and a job
+        that ended on its last answers would let the server be stopped with those writes pending.
+        A file that does not appear in ``HIDDEN_STATES_WAIT`` s is left out of the row (extraction
+        then makes it); a server whose directory is not on this machine is not waited for."""
+        path = Path(row["hidden_states_path"])
+        if not path.parent.is_dir():
+            return
+        release = hidden_state_files.release_lock if self.s.hidden_states_dir else hidden_state_files.wait_written
+        if not await asyncio.to_thread(release, path, HIDDEN_STATES_WAIT):
+            LOG.warning(
+                "%s: hidden states %s not written after %.0f s; the row is kept without them",
+                row["id"],
+                path,
+                HIDDEN_STATES_WAIT,
+            )
+            row["hidden_states_path"] = None
 
     def note_unreachable(self, err: Exception) -> None:
         now = time.monotonic()

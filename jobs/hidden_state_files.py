@@ -6,7 +6,7 @@ the file is written. ``jobs.generate --fused-hidden-states`` records each file's
 Two things would otherwise pile up there:
 
 * locks: one per request, never removed by the server. ``release_lock`` removes a row's lock once
-  the writer has let go of it (the file is complete then);
+  the file is there and the writer has let go of it (the file is complete then);
 * orphans: files of requests whose rows were never recorded (the job was killed, or the request
   failed after the server had written). ``remove_orphans`` deletes the files no row names, once
   no writer holds them. It only touches files of one job's requests: jobs.generate names its
@@ -50,21 +50,31 @@ def writer_done(lock: Path) -> bool | None:
     return True
 
 
-def release_lock(path: str | Path, wait: float = 60.0, poll: float = 0.05) -> bool:
-    """Remove ``<path>.lock`` once the server's writer has released it; False if it still held
-    it after ``wait`` seconds (the lock is then left for ``remove_orphans``)."""
+def wait_written(path: str | Path, wait: float = 60.0, poll: float = 0.05) -> bool:
+    """Whether ``path`` is complete within ``wait`` seconds: it exists and no writer holds its lock.
+
+    vLLM answers a request before its hidden-state file is written, and does not always create the
+    lock first (its CPU path takes it only when the write starts): an absent lock alone does not
+    mean the file is done. A generator that recorded the row and ended there would let the server
+    be stopped with that write still pending, and the row would name a file that never appears.
+    """
+    path = Path(path)
     lock = Path(f"{path}{LOCK}")
     deadline = time.monotonic() + wait
-    while True:
-        done = writer_done(lock)
-        if done is None:
-            return True
-        if done:
-            lock.unlink(missing_ok=True)
-            return True
+    while not (path.exists() and writer_done(lock) is not False):
         if time.monotonic() > deadline:
             return False
         time.sleep(poll)
+    return True
+
+
+def release_lock(path: str | Path, wait: float = 60.0, poll: float = 0.05) -> bool:
+    """Remove ``<path>.lock`` once ``path`` is written (``wait_written``); False if it was not
+    within ``wait`` seconds (the lock is then left for ``remove_orphans``)."""
+    if not wait_written(path, wait, poll):
+        return False
+    Path(f"{path}{LOCK}").unlink(missing_ok=True)
+    return True
 
 
 def referenced(rows_dirs: list[Path]) -> set[str]:

@@ -1,4 +1,10 @@
-"""Build the built-in tiny target: a random-init Llama with a BPE tokenizer trained here.
+"""Build the built-in tiny target: the trained one from ``models/tiny-python``, or a random-init Llama.
+
+``--kind trained`` (the default) installs the committed artifact that ``jobs.tiny_pretrain`` built:
+the same Llama shape, pretrained on chat samples from the Python standard library (a question, a
+reasoning part, the function's source), with the artifact's disjoint question pools as prompts.
+Its sha256s are checked. ``--kind random`` builds the random-init model described below, for
+tests that need no quality.
 
 Nothing loads from a hub on test machines, so the project makes its own target model:
 hidden 256, 4 heads of head_dim 64 (vLLM's CPU attention needs head_dim >= 32), a byte-level
@@ -6,12 +12,14 @@ BPE tokenizer trained on a built-in corpus, and a chat template that opens the a
 with ``<think>`` and renders earlier reasoning as ``<think>…</think>`` (so a reasoning parser
 has something to split).
 
-    python -m jobs.tiny_model --out /srv/models/tiny-llama
+    python -m jobs.tiny_model --out /srv/models/tiny --prompts /srv/data            # trained
+    python -m jobs.tiny_model --kind random --out /srv/models/tiny-random
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import random
@@ -19,6 +27,7 @@ import sys
 from pathlib import Path
 
 LOG = logging.getLogger("jobs.tiny_model")
+TRAINED = Path(__file__).resolve().parents[1] / "models" / "tiny-python"
 # A random-init model's next-token distribution is nearly flat, so a drafter trained on it (a KL
 # loss against those distributions) gets almost no signal about which token wins. Scaling the
 # output head makes the distributions as peaked as a trained model's, with the same random
@@ -125,9 +134,10 @@ def corpus(lines: int, seed: int) -> list[str]:
 def build_tokenizer(
     out: Path, vocab_size: int, seed: int, special_tokens: list[str] = SPECIAL_TOKENS,
     chat_template: str = CHAT_TEMPLATE, bos: str = "<|endoftext|>", eos: str = "<|im_end|>", pad: str = "<|endoftext|>",
+    texts: list[str] | None = None,
 ) -> None:  # fmt: skip
-    """A byte-level BPE tokenizer trained on ``corpus``, with ``special_tokens`` first in its
-    vocabulary (ids 0, 1, ...) and ``chat_template``."""
+    """A byte-level BPE tokenizer trained on ``texts`` (default: ``corpus``), with
+    ``special_tokens`` first in its vocabulary (ids 0, 1, ...) and ``chat_template``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -139,7 +149,7 @@ def build_tokenizer(
         special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(corpus(20000, seed), trainer=trainer)
+    tok.train_from_iterator(texts if texts is not None else corpus(20000, seed), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, unk_token=None)
     fast.chat_template = chat_template
     fast.save_pretrained(out)
@@ -192,8 +202,53 @@ def build(out: Path, vocab_size: int = 2048, layers: int = 4, seed: int = 0) -> 
     return out
 
 
+def install_trained(out: Path, artifact: Path = TRAINED) -> Path:
+    """Copy the trained target's artifact into ``out`` after checking every file's sha256
+    (skipped when the same recipe is already there)."""
+    import shutil
+
+    manifest = json.loads((artifact / "recipe.json").read_text())
+    marker = out / ".tiny-model.json"
+    recipe = {"kind": "trained", "recipe_sha256": manifest["recipe_sha256"], "files": manifest["files"]}
+    if marker.exists() and json.loads(marker.read_text()) == recipe:
+        LOG.info("trained tiny model already at %s", out)
+        return out
+    for name, expected in manifest["files"].items():
+        actual = hashlib.sha256((artifact / name).read_bytes()).hexdigest()
+        if actual != expected:
+            raise SystemExit(
+                f"{artifact / name}: sha256 {actual[:16]}… is not the recipe's {expected[:16]}…; "
+                "restore it (git checkout models/) or rebuild it with the commands in recipe.json"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    for name in [*manifest["files"], "recipe.json"]:
+        shutil.copyfile(artifact / name, out / name)
+        (out / name).chmod(0o644)
+    marker.write_text(json.dumps(recipe) + "\n")
+    LOG.info("trained tiny model (recipe %s) installed in %s", manifest["recipe_sha256"][:16], out)
+    return out
+
+
+def write_trained_prompts(
+    out: Path, train: int = 200, heldout: int = 32, artifact: Path = TRAINED
+) -> tuple[Path, Path]:
+    """The first ``train`` questions of the artifact's generation pool and the first ``heldout``
+    of its disjoint held-out pool, as ``train.jsonl`` and ``heldout.jsonl``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, pool, count in (("train", "generation", train), ("heldout", "heldout", heldout)):
+        rows = (artifact / f"{pool}.jsonl").read_text().splitlines(keepends=True)
+        if count > len(rows):
+            raise SystemExit(f"{artifact / pool}.jsonl has {len(rows)} questions, {count} were asked for")
+        path = out / f"{name}.jsonl"
+        path.write_text("".join(rows[:count]))
+        path.chmod(0o644)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
 def write_prompts(out: Path, train: int = 200, heldout: int = 16, seed: int = 11) -> tuple[Path, Path]:
-    """Questions for the pipeline on the tiny target: ``train.jsonl`` and disjoint ``heldout.jsonl``."""
+    """Questions for the pipeline on the random target: ``train.jsonl`` and disjoint ``heldout.jsonl``."""
     lines = corpus(2 * train + heldout, seed)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -208,15 +263,23 @@ def write_prompts(out: Path, train: int = 200, heldout: int = 16, seed: int = 11
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="directory to write the model into")
-    parser.add_argument("--vocab-size", type=int, default=2048)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kind", choices=["trained", "random"], default="trained")
+    parser.add_argument("--vocab-size", type=int, default=2048, help="random only")
+    parser.add_argument("--layers", type=int, default=4, help="random only")
+    parser.add_argument("--seed", type=int, default=0, help="random only")
     parser.add_argument("--prompts", type=Path, help="also write train.jsonl and heldout.jsonl questions here")
+    parser.add_argument("--train-prompts", type=int, default=200)
+    parser.add_argument("--heldout-prompts", type=int, help="default: 32 (trained), 16 (random)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    build(args.out, args.vocab_size, args.layers, args.seed)
-    if args.prompts:
-        write_prompts(args.prompts)
+    if args.kind == "trained":
+        install_trained(args.out)
+        if args.prompts:
+            write_trained_prompts(args.prompts, args.train_prompts, args.heldout_prompts or 32)
+    else:
+        build(args.out, args.vocab_size, args.layers, args.seed)
+        if args.prompts:
+            write_prompts(args.prompts, args.train_prompts, args.heldout_prompts or 16)
     return 0
 
 

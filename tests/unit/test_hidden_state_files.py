@@ -53,3 +53,16 @@ def test_a_lock_is_released_once_its_writer_lets_go(tmp_path: Path) -> None:
     os.close(held)
     assert hsf.release_lock(path, wait=0.2) is True and not Path(f"{path}.lock").exists()
     assert hsf.release_lock(path) is True  # already gone
+
+
+def test_a_file_is_written_only_once_it_exists_and_its_lock_is_free(tmp_path: Path) -> None:
+    # vLLM answers before it writes: neither the file nor its lock may exist yet.
+    path = tmp_path / "r.safetensors"
+    assert hsf.wait_written(path, wait=0.1) is False
+    assert hsf.release_lock(path, wait=0.1) is False
+    path.write_bytes(b"x")
+    held = os.open(Path(f"{path}.lock"), os.O_CREAT | os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # being written
+    assert hsf.wait_written(path, wait=0.1) is False
+    os.close(held)
+    assert hsf.wait_written(path, wait=0.1) is True and Path(f"{path}.lock").exists()

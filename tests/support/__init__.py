@@ -1,0 +1,1 @@
+"""Test support that runs outside pytest too (on test hosts, from bench scripts)."""
