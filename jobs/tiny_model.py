@@ -134,10 +134,14 @@ def corpus(lines: int, seed: int) -> list[str]:
 def build_tokenizer(
     out: Path, vocab_size: int, seed: int, special_tokens: list[str] = SPECIAL_TOKENS,
     chat_template: str = CHAT_TEMPLATE, bos: str = "<|endoftext|>", eos: str = "<|im_end|>", pad: str = "<|endoftext|>",
-    texts: list[str] | None = None,
+    texts: list[str] | None = None, plain: tuple[str, ...] = (),
 ) -> None:  # fmt: skip
     """A byte-level BPE tokenizer trained on ``texts`` (default: ``corpus``), with
-    ``special_tokens`` first in its vocabulary (ids 0, 1, ...) and ``chat_template``."""
+    ``special_tokens`` first in its vocabulary (ids 0, 1, ...) and ``chat_template``.
+
+    Tokens in ``plain`` keep their ids but are not special, so decoding with
+    ``skip_special_tokens`` keeps them: vLLM's reasoning parsers look for ``</think>`` in the
+    decoded text, as they find it in real reasoning models' output."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -153,6 +157,13 @@ def build_tokenizer(
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, unk_token=None)
     fast.chat_template = chat_template
     fast.save_pretrained(out)
+    if plain:
+        path = out / "tokenizer.json"
+        data = json.loads(path.read_text())
+        for token in data["added_tokens"]:
+            if token["content"] in plain:
+                token["special"] = False
+        path.write_text(json.dumps(data, ensure_ascii=False, indent=2))
 
 
 def build_model(out: Path, vocab_size: int, layers: int, seed: int) -> None:

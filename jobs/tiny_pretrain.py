@@ -29,7 +29,7 @@ from pathlib import Path
 
 LOG = logging.getLogger("jobs.tiny_pretrain")
 VOCAB_SIZE = 2048
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: <think> and </think> are not special tokens (vLLM's parser sees them)
 # What the artifact holds: what vLLM and transformers load, and the pipeline's question pools.
 ARTIFACT_FILES = (
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
@@ -59,7 +59,7 @@ def prepare(out: Path, corpus_dir: Path) -> dict:
     tiny_corpus.write(corpus_dir, samples)
     out.mkdir(parents=True, exist_ok=True)
     texts = [f"{s.question}\n{s.reasoning}\n{s.answer}" for s in samples]
-    tiny_model.build_tokenizer(out, VOCAB_SIZE, seed=0, texts=texts)
+    tiny_model.build_tokenizer(out, VOCAB_SIZE, seed=0, texts=texts, plain=("<think>", "</think>"))
     tokenizer = AutoTokenizer.from_pretrained(out)
     stream: list[int] = []
     for sample in samples:

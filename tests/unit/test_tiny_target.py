@@ -112,3 +112,14 @@ def test_cli_help(module, capsys: pytest.CaptureFixture[str]) -> None:
         module.main(["--help"])
     assert exit_info.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+def test_reasoning_markers_survive_decoding_so_vllms_parser_can_split() -> None:
+    # vLLM decodes with skip_special_tokens and its reasoning parser looks for "</think>" in that
+    # text: a special </think> would leave the whole answer in the reasoning.
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model.TRAINED)
+    ids = tok("why\n</think>\ndef f(): pass<|im_end|>", add_special_tokens=False)["input_ids"]
+    assert tok.convert_tokens_to_ids("</think>") in ids
+    assert tok.decode(ids, skip_special_tokens=True) == "why\n</think>\ndef f(): pass"
