@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,10 +118,17 @@ def test_cli_help(module, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_reasoning_markers_survive_decoding_so_vllms_parser_can_split() -> None:
     # vLLM decodes with skip_special_tokens and its reasoning parser looks for "</think>" in that
-    # text: a special </think> would leave the whole answer in the reasoning.
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_model.TRAINED)
-    ids = tok("why\n</think>\ndef f(): pass<|im_end|>", add_special_tokens=False)["input_ids"]
-    assert tok.convert_tokens_to_ids("</think>") in ids
-    assert tok.decode(ids, skip_special_tokens=True) == "why\n</think>\ndef f(): pass"
+    # text: a special </think> would leave the whole answer in the reasoning. In a fresh
+    # interpreter, as vLLM loads it: transformers imports torch._dynamo, which cannot register its
+    # sys.intern polyfill once another test has imported ansible's module_utils (they patch it).
+    check = """
+import sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+ids = tok("why\\n</think>\\ndef f(): pass<|im_end|>", add_special_tokens=False)["input_ids"]
+assert tok.convert_tokens_to_ids("</think>") in ids, ids
+text = tok.decode(ids, skip_special_tokens=True)
+assert text == "why\\n</think>\\ndef f(): pass", repr(text)
+"""
+    done = subprocess.run([sys.executable, "-c", check, str(tiny_model.TRAINED)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
