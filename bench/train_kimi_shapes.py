@@ -31,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jobs.train_kernels import last_error_line  # noqa: E402
+
 HIDDEN, VOCAB, DRAFT_VOCAB, SEQ = 7168, 163840, 32000, 4096
 AUX = [2, 30, 58]
 
@@ -115,6 +117,10 @@ def variant_command(
         )
     )
     return [sys.executable, "-m", "jobs.train", "--config", str(config)]
+
+
+# jobs.train's record of the kernels it chose (jobs.train_kernels)
+KERNELS = re.compile(r"kernels: (.+)")
 
 
 # speculators' per-step profile (device-synchronized), as a dict (plain logging, under jobs.train)
@@ -214,6 +220,11 @@ def main() -> int:
         (args.out.parent / f"log-{name}.txt").write_text(log[-200_000:])
         row: dict[str, object] = {"name": name, "kind": kind, "extra": extra | ({"world1": True} if world1 else {}),
                                   "rc": proc.returncode}  # fmt: skip
+        if proc.returncode:
+            row["failure"] = last_error_line(log)
+        chosen = KERNELS.findall(log)
+        if chosen:
+            row["kernels"] = chosen[-1]
         peak = re.search(r"PEAK_MEMORY_GIB=([0-9.]+)", log)
         row["peak_memory_gib"] = float(peak.group(1)) if peak else None
         try:

@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from jobs import text_processor
+from jobs import text_processor, train_kernels
 from jobs.stage import write_atomic
 
 LOG = logging.getLogger("jobs.train")
@@ -102,6 +102,22 @@ def verifier_text_config(verifier: str) -> dict[str, Any]:
     return config.get("text_config") or config
 
 
+def kernels(s: TrainSettings) -> dict[str, Any]:
+    """The attention and loss kernels this run trains with, and why (logged, and kept in the marker)."""
+    if on_cpu(s):
+        given = {k.replace("_", "-"): v for k, v in s.speculators.items() if k.replace("_", "-") in train_kernels.FAST}
+        return (
+            train_kernels.SAFE
+            | given
+            | {"path": "cpu", "why": "CPU: sdpa and the eager loss (no Triton) unless the config says"}
+        )
+    chosen = train_kernels.choose(Path(s.verifier), s.speculators)
+    LOG.info(
+        "kernels: %s attention, %s loss (%s)", chosen["draft-attn-impl"], chosen["loss-implementation"], chosen["why"]
+    )
+    return chosen
+
+
 def speculators_argv(s: TrainSettings, dry_run: bool = False) -> list[str]:
     text = verifier_text_config(s.verifier)
     vocab = int(text["vocab_size"])
@@ -128,9 +144,9 @@ def speculators_argv(s: TrainSettings, dry_run: bool = False) -> list[str]:
     if s.hidden_states == "online":
         options |= {"on-missing": "generate", "vllm-endpoint": s.endpoint.rstrip("/") + "/v1"}  # type: ignore[union-attr]
     if not on_cpu(s):
-        # Flex attention without torch.compile runs out of memory at Kimi-K2.5 shapes, and the
-        # fused Triton loss fails under torch.compile with torch 2.11 (bench/README.md).
-        options |= {"draft-attn-impl": "sdpa", "loss-implementation": "eager"}
+        # speculators' fast kernels where they compile on this host, else sdpa + the eager loss
+        # (the fused loss fails under torch.compile with torch 2.11): jobs.train_kernels.
+        options |= {k: v for k, v in kernels(s).items() if k in train_kernels.FAST}
     else:
         # speculators' defaults (flex attention, the fused Triton loss) need a GPU; bf16 matmuls on
         # CPUs without bf16 units are emulated and several times slower than fp32.
@@ -304,6 +320,7 @@ def train(s: TrainSettings) -> dict[str, Any]:
         "aux_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),
         "draft_vocab_size": config.get("draft_vocab_size"),
         "settings": asdict(s),
+        "kernels": kernels(s),
     }
     write_atomic(marker, json.dumps(result, indent=2) + "\n")
     return result
