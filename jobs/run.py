@@ -300,6 +300,11 @@ def manifest(args: argparse.Namespace, extra: dict[str, Any], progress: Progress
             if (records / "validation" / "report.json").exists()
             else None
         ),
+        "validation_plot": (
+            str(records / "validation" / "acceptance.svg")
+            if (records / "validation" / "acceptance.svg").exists()
+            else None
+        ),
         "controller": {"ansible-core": version("ansible-core"), "ansible-runner": version("ansible-runner")},
         "recap": progress.stats,
         "artifacts": str(args.run_dir / "ansible"),
@@ -328,15 +333,25 @@ def write_manifest(run_dir: Path, result: dict[str, Any], started: float) -> Pat
     return path
 
 
-def validation_lines(report: dict[str, Any] | None) -> list[str]:
+def validation_lines(report: dict[str, Any] | None, plot: str | None = None) -> list[str]:
+    """The run's last lines: each drafter's mean acceptance length and per-position acceptance, on
+    how many prompts and tokens, and where the per-position plot is."""
     if not report:
         return []
-    lines = ["validation (mean acceptance length, draft tokens accepted per step + 1):"]
+    lines = [
+        f"validation on {report.get('num_prompts')} held-out prompts, {report.get('num_speculative_tokens')} "
+        "speculative tokens (mean acceptance length: draft tokens accepted per step + 1):"
+    ]
     for name, result in report.get("drafters", {}).items():
-        lines.append(f"  {name}: {result.get('mean_acceptance_length')}  per position {result.get('per_position')}")
+        lines.append(
+            f"  {name}: {result.get('mean_acceptance_length')}  per position {result.get('per_position')}"
+            f"  ({result.get('completion_tokens')} tokens)"
+        )
     for key in ("trained_over_untrained", "trained_minus_untrained"):
         if key in report:
             lines.append(f"  {key}: {report[key]}")
+    if plot:
+        lines.append(f"  plot, per position: {plot}")
     return lines
 
 
@@ -392,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = runner.rc if runner.rc is not None else 1
     path = write_manifest(args.run_dir, manifest(args, extra, progress, rc, runner.status), progress.started)
     result = json.loads(path.read_text())
-    for line in validation_lines(result["validation"]):
+    for line in validation_lines(result["validation"], result["validation_plot"]):
         print(line)
     print(f"manifest: {path}")
     if rc != 0:

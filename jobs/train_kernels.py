@@ -8,7 +8,8 @@ under PyTorch 2.11 the fused loss fails inside TorchDynamo (``bench/README.md``)
 If it trains, training uses speculators' defaults; if not, ``sdpa`` attention and the eager loss,
 which train everywhere, with the failure's last line as the reason. The answer is cached in
 ``$XDG_CACHE_HOME/eagle3/train-kernels.json`` (default ``~/.cache``) under the torch, Triton,
-speculators and GPU names, and recorded in the training marker.
+speculators and GPU names, and recorded in the training marker. A stack measured to fail
+(``KNOWN_FAILING``: torch 2.11) gets the safe kernels without a probe.
 
     EAGLE3_TRAIN_KERNELS=fast|safe|probe    # force one, or probe again (default: cached probe)
     python -m jobs.train_kernels --verifier /srv/models/kimi-k2.5     # probe now, print the answer
@@ -33,7 +34,12 @@ from typing import Any
 LOG = logging.getLogger("jobs.train_kernels")
 FAST = {"draft-attn-impl": "simple_flex_attention", "loss-implementation": "fused"}
 SAFE = {"draft-attn-impl": "sdpa", "loss-implementation": "eager"}
-PROBE_TIMEOUT = 600.0
+PROBE_TIMEOUT = 300.0
+# Stacks measured to fail the fast path: no probe there, the safe kernels and this reason.
+KNOWN_FAILING = {
+    "2.11.": "torch 2.11: speculators' fused loss fails inside TorchDynamo ('ListVariable ... is already "
+    "tracked for mutation'), measured on an H200 (bench/README.md)",
+}
 # torchrun's variables: the probe is a plain single-process run, whatever rank asked for it.
 DISTRIBUTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                    "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ROLE_RANK", "ROLE_WORLD_SIZE")  # fmt: skip
@@ -203,6 +209,13 @@ def choose(verifier: Path, configured: dict[str, Any]) -> dict[str, Any]:
         return (FAST if forced == "fast" else SAFE) | {"path": forced, "why": f"EAGLE3_TRAIN_KERNELS={forced}"}
     if forced not in ("", "probe"):
         raise ValueError(f"EAGLE3_TRAIN_KERNELS must be fast, safe or probe, not {forced!r}")
+    import torch
+
+    if not torch.cuda.is_available():
+        return SAFE | {"path": "safe", "why": "no CUDA device visible: nothing to probe"}
+    known = next((why for prefix, why in KNOWN_FAILING.items() if torch.__version__.startswith(prefix)), None)
+    if known and forced != "probe":
+        return SAFE | {"path": "safe", "why": known}
     key, path = stack_key(), cache_path()
     with locked(path):
         cache = json.loads(path.read_text()) if path.exists() else {}

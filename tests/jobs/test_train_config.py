@@ -91,15 +91,15 @@ def test_a_checkpoint_with_other_layer_ids_is_refused(tmp_path: Path) -> None:
         train.check_checkpoint(checkpoint, settings)
 
 
-def test_defaults_choose_adamw_and_a_users_speculators_option_wins(tmp_path: Path) -> None:
+def test_defaults_choose_muon_and_a_users_speculators_option_wins(tmp_path: Path) -> None:
     stub = verifier_stub.build(tmp_path / "kimi-stub", hidden_size=64, vocab_size=512, layers=8)
     base = {"verifier": str(stub), "data": str(tmp_path), "out": str(tmp_path / "o"), "aux_layer_ids": [2, 4, 6]}
     argv = train.speculators_argv(train.TrainSettings.load(write_config(tmp_path / "a.yaml", **base, device="cuda")))
-    assert argv[argv.index("--optimizer") + 1] == "adamw"
-    assert argv[argv.index("--draft-attn-impl") + 1] == "sdpa"
-    chosen = write_config(tmp_path / "b.yaml", **base, device="cuda", speculators={"optimizer": "muon"})
+    assert argv[argv.index("--optimizer") + 1] == "muon"
+    assert argv[argv.index("--draft-attn-impl") + 1] == "sdpa"  # no CUDA here: nothing to probe
+    chosen = write_config(tmp_path / "b.yaml", **base, device="cuda", speculators={"optimizer": "adamw"})
     argv = train.speculators_argv(train.TrainSettings.load(chosen))
-    assert argv.count("--optimizer") == 1 and argv[argv.index("--optimizer") + 1] == "muon"
+    assert argv.count("--optimizer") == 1 and argv[argv.index("--optimizer") + 1] == "adamw"
 
 
 def test_fsdp_shard_reaches_training_but_not_the_single_process_baseline(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import sys
@@ -199,3 +200,24 @@ def test_a_quiet_task_gets_a_line_now_and_then_and_the_server_wait_says_when_it_
     )  # fmt: skip
     assert "h1: vllm-gen.service healthy, serving ['tiny'] after 43 s" in out.getvalue()
     assert progress.running == {}
+
+
+def test_the_last_lines_give_prompts_tokens_per_position_and_the_plot(tmp_path: Path) -> None:
+    validation = tmp_path / "records" / "validation"
+    validation.mkdir(parents=True)
+    report = {
+        "num_prompts": 32, "num_speculative_tokens": 3, "trained_over_untrained": 1.44,
+        "drafters": {
+            "trained": {"mean_acceptance_length": 1.44, "per_position": [0.26, 0.12, 0.06], "completion_tokens": 3523},
+            "untrained": {"mean_acceptance_length": 1.0, "per_position": [0.0, 0.0, 0.0], "completion_tokens": 3600},
+        },
+    }  # fmt: skip
+    (validation / "report.json").write_text(json.dumps(report))
+    (validation / "acceptance.svg").write_text("<svg/>")
+    args = argparse.Namespace(run_dir=tmp_path, inventory=[], tags="")
+    result = run.manifest(args, {}, run.Progress(out=io.StringIO()), 0, "successful")
+    assert result["validation_plot"] == str(validation / "acceptance.svg")
+    lines = run.validation_lines(result["validation"], result["validation_plot"])
+    assert lines[0].startswith("validation on 32 held-out prompts, 3 speculative tokens")
+    assert "  trained: 1.44  per position [0.26, 0.12, 0.06]  (3523 tokens)" in lines
+    assert lines[-1] == f"  plot, per position: {validation / 'acceptance.svg'}"

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from jobs import train, train_kernels, verifier_stub
 
@@ -19,6 +20,8 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("EAGLE3_TRAIN_KERNELS", raising=False)
     monkeypatch.setattr(train_kernels, "stack_key", lambda: "torch 9, triton 9, speculators 9, GPU X")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the probe's answer is stubbed
+    monkeypatch.setattr(torch, "__version__", "9.0.0")
     return tmp_path / "cache" / "eagle3" / "train-kernels.json"
 
 
@@ -108,3 +111,20 @@ def test_probe_harness_trains_with_the_kernels_a_cpu_runs(tmp_path: Path) -> Non
     train_kernels.probe_run(tmp_path, ROOT / "models" / "tiny-python", train_kernels.SAFE, device="cpu")
     marker = json.loads((tmp_path / "out" / train.MARKER).read_text())
     assert marker["kernels"]["path"] == "cpu" and (tmp_path / "out" / "final" / "config.json").exists()
+
+
+def test_without_a_cuda_device_nothing_is_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EAGLE3_TRAIN_KERNELS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(train_kernels, "probe", lambda verifier: pytest.fail("probed"))
+    answer = train_kernels.choose(Path("/m"), {})
+    assert answer["loss-implementation"] == "eager" and "no CUDA device" in answer["why"]
+
+
+def test_a_stack_measured_to_fail_gets_the_safe_kernels_without_a_probe(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    monkeypatch.setattr(train_kernels, "probe", lambda verifier: pytest.fail("probed"))
+    answer = train_kernels.choose(Path("/m"), {})
+    assert answer["loss-implementation"] == "eager" and "torch 2.11" in answer["why"]
