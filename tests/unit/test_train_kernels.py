@@ -5,6 +5,8 @@ Triton: it ran on the lent H100/H200 (bench/README.md); here its answer is stubb
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,7 +110,12 @@ def test_probe_shrinks_the_verifiers_own_text_config(tmp_path: Path) -> None:
 
 
 def test_probe_harness_trains_with_the_kernels_a_cpu_runs(tmp_path: Path) -> None:
-    train_kernels.probe_run(tmp_path, ROOT / "models" / "tiny-python", train_kernels.SAFE, device="cpu")
+    # As the probe runs it: a fresh interpreter (speculators imports torch._dynamo, which cannot
+    # register its sys.intern polyfill once another test has imported ansible's module_utils).
+    argv = [sys.executable, "-m", "jobs.train_kernels", "--verifier", str(ROOT / "models" / "tiny-python"),
+            "--probe-run", str(tmp_path), "--kernels", "safe", "--device", "cpu"]  # fmt: skip
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
     marker = json.loads((tmp_path / "out" / train.MARKER).read_text())
     assert marker["kernels"]["path"] == "cpu" and (tmp_path / "out" / "final" / "config.json").exists()
 
