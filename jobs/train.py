@@ -183,7 +183,7 @@ def on_cpu(s: TrainSettings) -> bool:
 class StepProgress(logging.Handler):
     """After each of speculators' metric records (a dict with ``global_step``) logs one line with
     the total: 'train: 12/60 steps (epoch 1/3), loss 3.250, 464 tok/s'. speculators logs the step
-    alone; the total is its trainer's (``max_steps``, else epochs x batches per epoch), read when
+    alone; the total is its trainer's (``planned_steps``), read when
     training starts (``counting_steps``)."""
 
     def __init__(self) -> None:
@@ -205,6 +205,26 @@ class StepProgress(logging.Handler):
         )  # fmt: skip
 
 
+def planned_steps(max_steps: int | None, epochs: int, sampler: Any) -> int:
+    """The steps speculators' trainer will take: ``max_steps`` if set, else the sum of each
+    epoch's batches. Its packing sampler reshuffles per epoch, so the count differs from epoch
+    to epoch (190, 192, 194 for one 681-row set): epochs x the first epoch's count is not the
+    total. The sampler's epoch is put back as it was."""
+    if max_steps:
+        return max_steps
+    if not hasattr(sampler, "set_epoch"):
+        return epochs * len(sampler)
+    current = getattr(sampler, "epoch", 0)
+    try:
+        total = 0
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            total += len(sampler)
+        return total
+    finally:
+        sampler.set_epoch(current)
+
+
 @contextlib.contextmanager
 def counting_steps() -> Iterator[StepProgress]:
     """While speculators trains in this process: its total step count is known to a
@@ -219,7 +239,7 @@ def counting_steps() -> Iterator[StepProgress]:
     def run_training(self: Trainer, *args: Any, **kwargs: Any) -> Any:
         config = self.config
         handler.epochs = config.num_epochs
-        handler.total = config.max_steps or config.num_epochs * len(self.train_loader)
+        handler.total = planned_steps(config.max_steps, config.num_epochs, self.train_loader.batch_sampler)
         root.addHandler(handler)
         try:
             return original(self, *args, **kwargs)

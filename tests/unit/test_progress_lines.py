@@ -92,3 +92,26 @@ def test_the_step_line_follows_the_metrics_line_it_is_made_from() -> None:
         metrics.setLevel(level)
     assert stream.getvalue().splitlines()[-1] == "train: 4/4 steps (epoch 1/1), loss 1.000, 10 tok/s"
     assert "'global_step': 3" in stream.getvalue().splitlines()[0]
+
+
+class Packing:
+    """Stands for speculators' packing sampler: its batch count depends on the epoch's shuffle."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return (190, 192, 194)[self.epoch]
+
+
+def test_the_total_sums_each_epochs_batches() -> None:
+    sampler = Packing()
+    sampler.set_epoch(1)
+    # 576, not 3 x 190 or 3 x 192: the last step line reads S/S (the CI run that read 223/225).
+    assert train.planned_steps(None, 3, sampler) == 576
+    assert sampler.epoch == 1
+    assert train.planned_steps(50, 3, sampler) == 50
+    assert train.planned_steps(None, 2, [0] * 7) == 14
