@@ -74,6 +74,10 @@ def shrunk_text_config(verifier: Path) -> dict[str, Any]:
     text = dict(config.get("text_config") or config)
     text.pop("auto_map", None)
     text.pop("quantization_config", None)
+    if text.get("model_type") == "kimi_k2":
+        # Kimi-K2.5's text model: transformers has no kimi_k2 type and reads it as DeepSeek-V3
+        # (seen on an H100: "model type `kimi_k2` ... Transformers does not recognize").
+        text |= {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"]}
     heads = int(text.get("num_attention_heads", 8))
     kv = int(text.get("num_key_value_heads", heads))
     small_heads = min(heads, 4)
@@ -95,6 +99,7 @@ def build_probe_inputs(work: Path, verifier: Path, rows: int = 4, seq: int = 256
     states in speculators' layout, made from the verifier's own text config."""
     import torch
     from datasets import Dataset
+    from datasets.table import InMemoryTable
     from safetensors.torch import save_file
 
     text = shrunk_text_config(verifier)
@@ -113,7 +118,11 @@ def build_probe_inputs(work: Path, verifier: Path, rows: int = 4, seq: int = 256
     ids = torch.randint(3, vocab, (rows, seq), generator=gen)
     mask = torch.ones(rows, seq, dtype=torch.long)
     mask[:, : seq // 4] = 0
-    table = Dataset.from_dict({"input_ids": ids.tolist(), "loss_mask": mask.tolist(), "seq_len": [seq] * rows})
+    # A fixed fingerprint: datasets would otherwise hash the table through dill, which fails on
+    # some pyarrow/dill pairs (seen on an H100 host: "Can't pickle <class 'MonthDayNano'>") and
+    # says nothing about kernels.
+    columns = {"input_ids": ids.tolist(), "loss_mask": mask.tolist(), "seq_len": [seq] * rows}
+    table = Dataset(InMemoryTable.from_pydict(columns), fingerprint="eagle3-kernel-probe")
     table.set_format("torch")
     table.save_to_disk(str(data))
     (data / "hidden_states").mkdir()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobs import train, train_kernels, verifier_stub
+from jobs import tiny_kimi, train, train_kernels, verifier_stub
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,6 +105,12 @@ def test_probe_shrinks_the_verifiers_own_text_config(tmp_path: Path) -> None:
     kimi = verifier_stub.build(tmp_path / "kimi", hidden_size=64, vocab_size=512, layers=4)
     text = train_kernels.shrunk_text_config(kimi)
     assert text["model_type"] == "deepseek_v3" and text["kv_lora_rank"] == 512 and "head_dim" not in text
+    # Kimi-K2.5's published config names its text model kimi_k2, a type transformers lacks.
+    (tmp_path / "k25").mkdir()
+    (tmp_path / "k25" / "config.json").write_text(json.dumps(tiny_kimi.config(163840, 61, 384)))
+    published = train_kernels.shrunk_text_config(tmp_path / "k25")
+    assert published["model_type"] == "deepseek_v3" and published["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert published["qk_rope_head_dim"] == 64 and "head_dim" not in published
     llama = train_kernels.shrunk_text_config(ROOT / "models" / "tiny-python")
     assert (llama["head_dim"], llama["num_attention_heads"], llama["vocab_size"]) == (64, 4, 4096)
 
