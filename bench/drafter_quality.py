@@ -8,13 +8,18 @@ acceptance length, per-position acceptance, prompts and tokens).
 
 A variant is ``NAME:KEY=VALUE,...`` with keys ``optimizer`` (adamw | muon), ``rows`` (the share of
 the generated rows it trains on: the first 25% is a prefix of the first 50%), ``shift`` (hidden
-states off by that many tokens: the negative control, ``tests/support/shift_hidden_states.py``)
-and ``epochs``. Every variant gets the same epochs and learning rate unless it says otherwise.
+states off by that many tokens: the negative control, ``tests/support/shift_hidden_states.py``),
+``epochs`` and ``hs`` (``fp8``: the same captured states stored as speculators' FP8 format, made by
+hs_connectors' own ``quantize_tensor_to_fp8``, the function its FP8 connector writes with, and
+trained through ``hidden_states_dtype: fp8``). Every variant gets the same epochs and learning
+rate unless it says otherwise.
 
     python bench/drafter_quality.py --out bench/results/drafter-quality-cpu.json \\
         --variant adamw:optimizer=adamw --variant muon:optimizer=muon \\
         --variant rows-25:optimizer=adamw,rows=0.25 --variant rows-50:optimizer=adamw,rows=0.5 \\
         --variant shifted:optimizer=adamw,shift=1
+    python bench/drafter_quality.py --out bench/results/fp8-storage-cpu.json \
+        --variant bf16:optimizer=muon --variant fp8:optimizer=muon,hs=fp8
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 SERVER_ARGS = ["--max-model-len", "2048", "--gpu-memory-utilization", "0.1", "--enforce-eager"]
 AUX, CAPTURED = [1, 2, 3], [1, 2, 3, 4]
-KEYS = {"optimizer": str, "rows": float, "shift": int, "epochs": int}
+KEYS = {"optimizer": str, "rows": float, "shift": int, "epochs": int, "hs": str}
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -49,6 +54,28 @@ def parse_variant(text: str) -> tuple[str, dict]:
             raise SystemExit(f"variant {text!r}: {item!r} is not KEY=VALUE with KEY one of {sorted(KEYS)}")
         options[key] = KEYS[key](value)
     return name, options
+
+
+def quantized_copy(data: Path, out: Path) -> dict[str, int]:
+    """``data`` with every hidden-state file stored as speculators' FP8 format (what
+    ``FP8HiddenStatesConnector`` writes for the same states); the bytes before and after."""
+    import shutil
+
+    from hs_connectors.fp8_utils import SCALES_KEY, quantize_tensor_to_fp8
+    from safetensors.torch import load_file, save_file
+
+    (out / "hidden_states").mkdir(parents=True, exist_ok=True)
+    for item in data.iterdir():
+        if item.is_file():
+            shutil.copyfile(item, out / item.name)
+    sizes = {"bf16_bytes": 0, "fp8_bytes": 0}
+    for path in sorted((data / "hidden_states").glob("hs_*.safetensors")):
+        tensors = load_file(path)
+        states, scales = quantize_tensor_to_fp8(tensors["hidden_states"])
+        save_file(tensors | {"hidden_states": states, SCALES_KEY: scales}, out / "hidden_states" / path.name)
+        sizes["bf16_bytes"] += path.stat().st_size
+        sizes["fp8_bytes"] += (out / "hidden_states" / path.name).stat().st_size
+    return sizes
 
 
 def subset_rows(gen: Path, out: Path, share: float) -> int:
@@ -119,6 +146,10 @@ def main() -> int:
             shifted = work / f"prepared-shift-{options['shift']}-{name}"
             shift(data, shifted, options["shift"])
             data = shifted
+        storage = {}
+        if options.get("hs") == "fp8":
+            storage = quantized_copy(data, work / f"prepared-fp8-{name}")
+            data = work / f"prepared-fp8-{name}"
         out = work / f"drafter-{name}"
         config = work / f"train-{name}.yaml"
         speculators = {
@@ -131,6 +162,7 @@ def main() -> int:
                 {
                     "verifier": str(model), "data": str(data), "out": str(out), "aux_layer_ids": AUX,
                     "draft_vocab_size": 1024, "seq_length": args.seq_length, "speculators": speculators,
+                    "hidden_states_dtype": options.get("hs", "bf16"),
                 }
             )
         )  # fmt: skip
@@ -140,6 +172,7 @@ def main() -> int:
             **options,
             "train_rows": count,
             "train_seconds_cpu": round(time.monotonic() - began, 1),
+            **storage,
             **speculators,
         }
         drafters[name] = out / "final"

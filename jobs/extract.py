@@ -18,6 +18,12 @@ Resumable (complete files are kept, unreadable or mismatched ones redone), valid
 speculators' ``check_hidden_states`` plus the layer count and hidden size, sharded by
 ``--rank/--world-size``, and it refuses to start when the disk cannot hold what it will write.
 
+``--hidden-states-dtype fp8``: the files are in speculators' FP8 format (``hs_connectors``' FP8
+connector: ``hidden_states`` as float8_e4m3fn, ``hidden_states_scales`` one float32 per token),
+half the bytes of bf16; they are validated dequantized, and a file of the other format is redone.
+Train on them with speculators' ``--hidden-states-backend fp8`` (``jobs.train``'s
+``hidden_states_dtype: fp8``).
+
     python -m jobs.extract --data runs/x/prepared --server http://127.0.0.1:8000 \\
         --layers 4 --hidden-size 7168
 """
@@ -41,7 +47,8 @@ from typing import Any
 from jobs.prepare import rows_paths
 
 LOG = logging.getLogger("jobs.extract")
-BYTES_PER_VALUE = 2  # bf16
+BYTES_PER_VALUE = {"bf16": 2, "fp8": 1}
+SCALES_KEY = "hidden_states_scales"  # hs_connectors.fp8_utils.SCALES_KEY: one float32 per token
 EXIT_NO_SPACE = 4
 EXIT_INCOMPLETE = 5
 
@@ -54,9 +61,17 @@ class NotEnoughDisk(RuntimeError):
 class Shape:
     layers: int
     hidden_size: int
+    dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in BYTES_PER_VALUE:
+            raise ValueError(f"hidden-state dtype must be one of {sorted(BYTES_PER_VALUE)}, not {self.dtype!r}")
+
+    def bytes_per_token(self) -> int:
+        return self.layers * self.hidden_size * BYTES_PER_VALUE[self.dtype] + (4 if self.dtype == "fp8" else 0)
 
     def bytes_for(self, tokens: int) -> int:
-        return tokens * self.layers * self.hidden_size * BYTES_PER_VALUE
+        return tokens * self.bytes_per_token()
 
 
 @dataclass
@@ -103,23 +118,42 @@ def token_key(ids: Iterable[int]) -> str:
     return hashlib.sha1(json.dumps(list(ids)).encode()).hexdigest()
 
 
+def stored_dtype(dtype: str, has_scales: bool) -> str:
+    """The format a file is in: fp8 (float8 states with per-token scales), bf16 (the states as the
+    server computed them: bf16 for Kimi-K2.5), or what else it is."""
+    if has_scales:
+        return "fp8" if dtype == "F8_E4M3" else f"{dtype} with scales"
+    return f"{dtype} without scales" if dtype.startswith("F8") else "bf16"
+
+
+def dequantized(data: dict[str, Any]) -> dict[str, Any]:
+    """An FP8 file's tensors as bf16, as speculators' FP8 reader (``hs_connectors.FP8Transfer``) gives them."""
+    if SCALES_KEY not in data:
+        return data
+    from hs_connectors.fp8_utils import dequantize_fp8_tensor
+
+    states = dequantize_fp8_tensor(data["hidden_states"], data[SCALES_KEY])
+    return {k: v for k, v in data.items() if k != SCALES_KEY} | {"hidden_states": states}
+
+
 def check_file(path: Path, token_ids: list[int], shape: Shape, full: bool = False) -> str | None:
     """Why ``path`` is not a usable hidden-states file for these tokens (None when it is)."""
     from safetensors import safe_open
     from speculators.data_generation.offline import check_hidden_states
 
     try:
+        with safe_open(path, framework="pt") as f:
+            states = f.get_slice("hidden_states")
+            stored = stored_dtype(states.get_dtype(), SCALES_KEY in f.keys())  # noqa: SIM118 - not iterable
+            if stored != shape.dtype:
+                return f"stored as {stored}, expected {shape.dtype}"
+            dims = list(states.get_shape())
+            if not full and f.get_tensor("token_ids").tolist() != token_ids:
+                return "token ids differ from the prepared row"
         if full:
             from safetensors.torch import load_file
 
-            data = load_file(path)
-            check_hidden_states(data, token_ids)
-            dims = list(data["hidden_states"].shape)
-        else:
-            with safe_open(path, framework="pt") as f:
-                if f.get_tensor("token_ids").tolist() != token_ids:
-                    return "token ids differ from the prepared row"
-                dims = list(f.get_slice("hidden_states").get_shape())
+            check_hidden_states(dequantized(load_file(path)), token_ids)
     except FileNotFoundError:
         return "missing"
     except Exception as err:
@@ -322,11 +356,11 @@ def extract(s: Settings) -> dict[str, Any]:
     return summary
 
 
-def shape_from_model(model_dir: Path, layers: int) -> Shape:
+def shape_from_model(model_dir: Path, layers: int, dtype: str = "bf16") -> Shape:
     """Hidden size from a model's config.json (nested ``text_config`` for multimodal wrappers)."""
     config = json.loads((model_dir / "config.json").read_text())
     config = config.get("text_config") or config
-    return Shape(layers=layers, hidden_size=int(config["hidden_size"]))
+    return Shape(layers=layers, hidden_size=int(config["hidden_size"]), dtype=dtype)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, required=True, help="layers captured per token (aux + final)")
     parser.add_argument("--hidden-size", type=int, help="target hidden size (or give --target)")
     parser.add_argument("--target", type=Path, help="target model dir, to read hidden_size from config.json")
+    parser.add_argument(
+        "--hidden-states-dtype", choices=sorted(BYTES_PER_VALUE), default="bf16",
+        help="how the files store the states: bf16 as the server computes them, or fp8 (the FP8 connector's)",
+    )  # fmt: skip
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=32)
@@ -361,9 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.server and not args.fused_rows:
         parser.error("give --server, --fused-rows, or both")
     if args.hidden_size:
-        shape = Shape(args.layers, args.hidden_size)
+        shape = Shape(args.layers, args.hidden_size, args.hidden_states_dtype)
     elif args.target:
-        shape = shape_from_model(args.target, args.layers)
+        shape = shape_from_model(args.target, args.layers, args.hidden_states_dtype)
     else:
         parser.error("give --hidden-size or --target")
     settings = Settings(

@@ -13,6 +13,7 @@ training settings. Anything under ``speculators:`` is passed to speculators' ``T
     seq_length: 2048
     device: auto                         # auto | cpu | cuda
     hidden_states: offline               # offline | online (made per step by `endpoint`, then deleted)
+    hidden_states_dtype: bf16            # bf16 | fp8 (jobs.extract --hidden-states-dtype fp8 files)
     endpoint: null
     speculators: {epochs: 3, lr: 0.0003}
 
@@ -67,6 +68,9 @@ class TrainSettings:
     seq_length: int = 8192
     device: str = "auto"
     hidden_states: str = "offline"
+    # How the hidden-state files store the states: bf16, or fp8 (jobs.extract --hidden-states-dtype
+    # fp8; read through speculators' --hidden-states-backend fp8, which dequantizes them to bf16).
+    hidden_states_dtype: str = "bf16"
     endpoint: str | None = None
     trust_remote_code: bool = False
     speculators: dict[str, Any] = field(default_factory=dict)
@@ -90,6 +94,8 @@ class TrainSettings:
             raise ConfigError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.hidden_states not in ("offline", "online"):
             raise ConfigError(f"hidden_states must be offline or online, not {self.hidden_states!r}")
+        if self.hidden_states_dtype not in ("bf16", "fp8"):
+            raise ConfigError(f"hidden_states_dtype must be bf16 or fp8, not {self.hidden_states_dtype!r}")
         if self.hidden_states == "online" and not self.endpoint:
             raise ConfigError("hidden_states: online needs endpoint: the vLLM server that extracts them")
         if len(self.aux_layer_ids) != len(set(self.aux_layer_ids)) or not self.aux_layer_ids:
@@ -141,6 +147,8 @@ def speculators_argv(s: TrainSettings, dry_run: bool = False) -> list[str]:
     token_freq = Path(s.data) / "token_freq.pt"
     if s.draft_vocab_size < vocab and token_freq.exists():
         options |= {"draft-vocab-size": s.draft_vocab_size, "token-freq-path": str(token_freq)}
+    if s.hidden_states_dtype == "fp8":
+        options["hidden-states-backend"] = "fp8"
     if s.hidden_states == "online":
         options |= {"on-missing": "generate", "vllm-endpoint": s.endpoint.rstrip("/") + "/v1"}  # type: ignore[union-attr]
     if not on_cpu(s):

@@ -29,17 +29,20 @@ START_TIMEOUT_S = 900
 CPU_CONNECTOR_DIR = Path(__file__).resolve().parents[1] / "roles" / "vllm_server" / "files"
 
 
-def cpu_hidden_states_server(layer_ids: list[int], storage: Path) -> tuple[list[str], dict[str, str]]:
+def cpu_hidden_states_server(
+    layer_ids: list[int], storage: Path, dtype: str = "bf16"
+) -> tuple[list[str], dict[str, str]]:
     """vLLM arguments and environment for a local CPU server that writes hidden states of
-    ``layer_ids`` (``extract_hidden_states``) into ``storage``, through the CPU connector; the
-    server answers chat requests (fused capture) and extraction requests alike."""
+    ``layer_ids`` (``extract_hidden_states``) into ``storage``, through the CPU connector (with
+    ``dtype`` fp8, its FP8 sibling: speculators' FP8 file format); the server answers chat
+    requests (fused capture) and extraction requests alike."""
     spec = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
         "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}},
     }
     kv = {
-        "kv_connector": "CpuHiddenStatesConnector",
+        "kv_connector": {"bf16": "CpuHiddenStatesConnector", "fp8": "CpuFP8HiddenStatesConnector"}[dtype],
         "kv_connector_module_path": "eagle3_cpu_hidden_states",
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": str(storage)},

@@ -182,3 +182,77 @@ def test_chunked_prefill_captures_the_same_states_as_transformers(chunked_hs_ser
                 got = saved["hidden_states"][:, position].float()
                 error = (got - reference).norm() / reference.norm()
                 assert error < 3e-2, f"{out.name} row {i} layer {CAPTURED_LAYER_IDS[position]}: error {error:.4f}"
+
+
+def test_kimi_fp8_estimate_is_half() -> None:
+    kimi = extract.Shape(layers=4, hidden_size=7168, dtype="fp8")
+    assert kimi.bytes_for(1) == 28_676  # one byte a value and a float32 scale per token
+    assert kimi.bytes_for(100_000_000) / 2**40 < 2.7  # 100M tokens: ~2.6 TiB (2.9 TB), not 5.2 TiB
+
+
+@pytest.fixture(scope="module")
+def fp8_hs_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The hidden-states server with the CPU FP8 connector (eagle3_hidden_states_dtype: fp8)."""
+    work = tmp_path_factory.mktemp("fp8-hs-server")
+    args, env = cpu_hidden_states_server(CAPTURED_LAYER_IDS, work / "states", dtype="fp8")
+    for url in serve(tiny_model_dir, work / "vllm.log", ["--reasoning-parser", "deepseek_r1", *args], env):
+        yield Server(url, "tiny", tiny_model_dir, work / "vllm.log", work / "states")
+
+
+def test_fp8_capture_halves_the_files_and_reads_back_as_the_bf16_states(
+    fp8_hs_server: Server, hs_server: Server, tmp_path: Path
+) -> None:
+    from hs_connectors import FP8Transfer
+    from safetensors import safe_open
+    from speculators.train.data import ArrowDataset
+
+    fp8 = extract.Shape(layers=len(CAPTURED_LAYER_IDS), hidden_size=256, dtype="fp8")
+    settings = generate.Settings(
+        server=fp8_hs_server.url, model="tiny", concurrency=8, sampling={"max_tokens": 48, "temperature": 0.0},
+        unreachable_timeout=30.0, request_timeout=300.0, max_attempts=4, fused_hidden_states=True,
+    )  # fmt: skip
+    assert generate.generate(questions(tmp_path / "q.jsonl", 6), tmp_path / "generated", settings)["done"] == 6
+    prepared = tmp_path / "prepared"
+    prepare.prepare([tmp_path / "generated"], fp8_hs_server.model_path, prepared, seq_length=2048)
+    fused_fp8 = extract.extract(extract.Settings(prepared, tmp_path / "fp8", fp8, fused_rows=[tmp_path / "generated"]))
+    separate_fp8 = extract.extract(extract.Settings(prepared, tmp_path / "fp8-pass", fp8, server=fp8_hs_server.url))
+    reference = run_extract(prepared, tmp_path / "bf16", server=hs_server.url)  # the same tokens, stored unquantized
+    assert (fused_fp8["fused"], separate_fp8["extracted"], reference["extracted"]) == (6, 6, 6)
+
+    reader = FP8Transfer(tmp_path / "fp8")  # what speculators' --hidden-states-backend fp8 trains from
+    for i in range(6):
+        path = tmp_path / "fp8" / f"hs_{i}.safetensors"
+        with safe_open(path, framework="pt") as f:
+            assert f.get_slice("hidden_states").get_dtype() == "F8_E4M3"
+            assert f.get_slice("hidden_states_scales").get_dtype() == "F32"
+        bf16 = load_file(tmp_path / "bf16" / f"hs_{i}.safetensors")
+        tokens = len(bf16["token_ids"])
+        assert path.stat().st_size < 0.55 * (tmp_path / "bf16" / f"hs_{i}.safetensors").stat().st_size
+        got = reader.get_cached(i)
+        assert got is not None and set(got) == {"hidden_states", "token_ids"}
+        assert got["hidden_states"].dtype == torch.bfloat16 and got["hidden_states"].shape == (tokens, 4, 256)
+        assert torch.equal(got["token_ids"], bf16["token_ids"])
+        # e4m3 keeps 3 mantissa bits: each value within 1/16 of itself, so within 1/16 of its token's
+        # largest (the scale); the relative error over the whole row is a few percent.
+        ref, deq = bf16["hidden_states"].float(), got["hidden_states"].float()
+        token_max = ref.abs().amax(dim=(1, 2), keepdim=True)
+        assert ((deq - ref).abs() <= token_max / 16 + 2e-2).all(), f"row {i}"
+        assert (deq - ref).norm() / ref.norm() < 0.05, f"row {i}"
+        # The separate pass through the same server writes the same files as fused capture.
+        again = load_file(tmp_path / "fp8-pass" / f"hs_{i}.safetensors")
+        torch.testing.assert_close(extract.dequantized(again)["hidden_states"].float(), deq, rtol=0.13, atol=2e-2)
+
+    # speculators' own dataset reads the fp8 files through the fp8 backend.
+    for name in (f"hs_{i}.safetensors" for i in range(6)):
+        (prepared / "hidden_states").mkdir(exist_ok=True)
+        (prepared / "hidden_states" / name).write_bytes((tmp_path / "fp8" / name).read_bytes())
+    dataset = ArrowDataset(
+        max_len=2048, datapath=prepared, on_missing="raise", transfer=FP8Transfer(prepared / "hidden_states")
+    )
+    item = dataset[0]
+    assert item["hidden_states"].shape[1] == 3 * 256 and item["verifier_last_hidden_states"].shape[1] == 256
+
+    # A file in the other format is not taken for this run's: it is redone.
+    ids = load_file(tmp_path / "bf16" / "hs_0.safetensors")["token_ids"].tolist()
+    assert extract.check_file(tmp_path / "bf16" / "hs_0.safetensors", ids, fp8) == "stored as bf16, expected fp8"
+    assert extract.check_file(tmp_path / "fp8" / "hs_0.safetensors", ids, SHAPE) == "stored as fp8, expected bf16"

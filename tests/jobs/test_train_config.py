@@ -112,3 +112,22 @@ def test_fsdp_shard_reaches_training_but_not_the_single_process_baseline(tmp_pat
     assert "--fsdp-shard" in train.speculators_argv(settings)
     # speculators refuses --fsdp-shard outside torchrun; the baseline is one plain process.
     assert "--fsdp-shard" not in train.speculators_argv(settings, dry_run=True)
+
+
+def test_fp8_hidden_states_train_through_speculators_fp8_reader(tmp_path: Path) -> None:
+    from hs_connectors import FP8Transfer, HiddenStatesBackend
+
+    stub = verifier_stub.build(tmp_path / "kimi-stub", hidden_size=64, vocab_size=512, layers=8)
+    base = {"verifier": str(stub), "data": str(tmp_path), "out": str(tmp_path / "o"), "aux_layer_ids": [2, 4, 6]}
+    argv = train.speculators_argv(train.TrainSettings.load(write_config(tmp_path / "a.yaml", **base)))
+    assert "--hidden-states-backend" not in argv  # bf16: speculators' file backend, its default
+    argv = train.speculators_argv(
+        train.TrainSettings.load(write_config(tmp_path / "b.yaml", **base, hidden_states_dtype="fp8"))
+    )
+    backend = argv[argv.index("--hidden-states-backend") + 1]
+    # What speculators' CLI builds from that name (cli.py: registry[...].from_train_args).
+    args = type("Args", (), {"hidden_states_path": None})()
+    reader = HiddenStatesBackend.registry[backend].from_train_args(args, str(tmp_path))
+    assert isinstance(reader, FP8Transfer) and reader.hidden_states_path == tmp_path / "hidden_states"
+    with pytest.raises(train.ConfigError, match="hidden_states_dtype must be bf16 or fp8"):
+        train.TrainSettings.load(write_config(tmp_path / "c.yaml", **base, hidden_states_dtype="int8"))

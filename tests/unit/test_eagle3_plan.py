@@ -66,6 +66,7 @@ CHANGES = [
     ("eagle3_generate_temperature", 0.3, "generate"),
     ("eagle3_generate_top_p", 0.5, "generate"),
     ("eagle3_hidden_states", "separate", "generate"),
+    ("eagle3_hidden_states_dtype", "fp8", "generate"),  # fused: the generators' servers write the files
     ("eagle3_aux_layer_ids", [0, 2, 3], "generate"),  # fused capture takes them during generation
     ("eagle3_num_layers", 5, "generate"),
     ("eagle3_seq_length", 1024, "prepare"),
@@ -90,6 +91,13 @@ def test_a_changed_setting_reruns_its_stage_and_those_after_it(setting: str, val
     changed = tiny_settings() | {setting: value}
     after = plan.eagle3_stage_plan(hosts(changed), ["a", "b"], ["a"])
     assert rerun(before, after) == expected_from(first)
+
+
+def test_with_a_separate_pass_the_file_format_reruns_extraction_not_generation() -> None:
+    separate = tiny_settings() | {"eagle3_hidden_states": "separate"}
+    before = plan.eagle3_stage_plan(hosts(separate), ["a", "b"], ["a"])
+    after = plan.eagle3_stage_plan(hosts(separate | {"eagle3_hidden_states_dtype": "fp8"}), ["a", "b"], ["a"])
+    assert rerun(before, after) == expected_from("extract")
 
 
 def test_every_input_setting_is_covered_by_a_change_above() -> None:
@@ -169,13 +177,16 @@ def test_several_trainers_train_together_and_only_the_first_validates() -> None:
 
 
 def test_settings_that_cannot_make_a_run_are_all_reported() -> None:
-    bad = tiny_settings() | {"eagle3_aux_layer_ids": [1, 4], "eagle3_hidden_states": "both"}
+    bad = tiny_settings() | {
+        "eagle3_aux_layer_ids": [1, 4], "eagle3_hidden_states": "both", "eagle3_hidden_states_dtype": "fp4"
+    }  # fmt: skip
     del bad["eagle3_heldout"]
     result = plan.eagle3_stage_plan(hosts(bad), ["a", "b"], ["a", "b"])
     text = "; ".join(result["problems"])
     assert "eagle3_heldout is not set" in text
     assert "eagle3_aux_layer_ids must list distinct layers below eagle3_num_layers (4)" in text
     assert "eagle3_hidden_states must be fused or separate, not 'both'" in text
+    assert "eagle3_hidden_states_dtype must be bf16 or fp8, not 'fp4'" in text
     assert "needs eagle3_shared_storage: true" in text
     assert "hosts" not in result
 

@@ -47,6 +47,9 @@ OTHER = {
     "eagle3_aux_layer_ids": "list",
     "eagle3_target_model": "str",
     "eagle3_heldout": "str",
+    # The hidden-state files' format: with fused capture the generators' servers write it (an
+    # input of generation), and extraction checks it (an input of extract either way).
+    "eagle3_hidden_states_dtype": "str",
 }
 # The checksums plan.yml reads on each host: which stage each feeds.
 FILES = {"dataset_sha256": "generate", "model_config_sha256": "generate", "heldout_sha256": "validate"}
@@ -111,6 +114,10 @@ def captured_layers(s: dict[str, Any]) -> list[int]:
     return [*s.get("eagle3_aux_layer_ids", []), s.get("eagle3_num_layers", 0)]
 
 
+def hidden_states_dtype(s: dict[str, Any]) -> str:
+    return s.get("eagle3_hidden_states_dtype") or "bf16"
+
+
 def problems(s: dict[str, Any], generators: list[str], trainers: list[str]) -> list[str]:
     out = []
     if not generators:
@@ -133,6 +140,8 @@ def problems(s: dict[str, Any], generators: list[str], trainers: list[str]) -> l
         out.append(f"eagle3_aux_layer_ids must list distinct layers below eagle3_num_layers ({layers}), not {aux}")
     if s.get("eagle3_hidden_states") not in ("fused", "separate"):
         out.append(f"eagle3_hidden_states must be fused or separate, not {s.get('eagle3_hidden_states')!r}")
+    if hidden_states_dtype(s) not in ("bf16", "fp8"):
+        out.append(f"eagle3_hidden_states_dtype must be bf16 or fp8, not {s.get('eagle3_hidden_states_dtype')!r}")
     if len(trainers) > 1 and not s.get("eagle3_shared_storage"):
         out.append(
             f"training on {len(trainers)} trainers hosts needs eagle3_shared_storage: true with eagle3_run_dir on "
@@ -198,7 +207,7 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
             "world_size": len(generators),
         }
         if s["eagle3_hidden_states"] == "fused":
-            inputs["captured_layers"] = captured_layers(s)
+            inputs |= {"captured_layers": captured_layers(s), "hidden_states_dtype": hidden_states_dtype(s)}
         generated.append(add(host, plan_hosts[host]["generate_stage"], "generate", inputs)["hash"])
 
     s = settings[trainer]
@@ -215,7 +224,7 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
     extract = add(
         trainer, "extract", "extract",
         {"prepare": prepare["hash"], **feeding("extract", s), "hidden_states": s["eagle3_hidden_states"],
-         "captured_layers": captured_layers(s)},
+         "captured_layers": captured_layers(s), "hidden_states_dtype": hidden_states_dtype(s)},
         [(trainer, "prepare")],
     )  # fmt: skip
     train_inputs = {

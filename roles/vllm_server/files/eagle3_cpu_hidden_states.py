@@ -10,7 +10,9 @@ Load it with::
                            "kv_connector_module_path": "eagle3_cpu_hidden_states",
                            "kv_role": "kv_producer", ...}'
 
-GPU hosts keep vLLM's own connector.
+GPU hosts keep vLLM's own connector. ``CpuFP8HiddenStatesConnector`` writes what speculators'
+``hs_connectors.fp8_hidden_states_connector.FP8HiddenStatesConnector`` writes on a GPU (FP8
+states with a float32 scale per token, half the bytes), through that class's own writer.
 """
 
 from __future__ import annotations
@@ -60,3 +62,14 @@ class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
         self._req_copy_events[pending.req_id] = done
         self._req_futures[pending.req_id] = future
         future.add_done_callback(partial(self._on_write_done, pending.req_id))
+
+
+class CpuFP8HiddenStatesConnector(CpuHiddenStatesConnector):
+    """``CpuHiddenStatesConnector`` writing speculators' FP8 format (``hs_connectors``, installed
+    with speculators): ``hidden_states`` as float8_e4m3fn, ``hidden_states_scales`` per token."""
+
+    @staticmethod
+    def _write_tensors(tensors: dict[str, torch.Tensor], event: _CopyDone, filename: str, lock_fd: int | None) -> None:
+        from hs_connectors.fp8_hidden_states_connector import FP8HiddenStatesConnector
+
+        FP8HiddenStatesConnector._write_tensors(tensors, event, filename, lock_fd)
