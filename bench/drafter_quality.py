@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -59,23 +60,20 @@ def parse_variant(text: str) -> tuple[str, dict]:
 def quantized_copy(data: Path, out: Path) -> dict[str, int]:
     """``data`` with every hidden-state file stored as speculators' FP8 format (what
     ``FP8HiddenStatesConnector`` writes for the same states); the bytes before and after."""
-    import shutil
-
     from hs_connectors.fp8_utils import SCALES_KEY, quantize_tensor_to_fp8
-    from safetensors.torch import load_file, save_file
 
-    (out / "hidden_states").mkdir(parents=True, exist_ok=True)
-    for item in data.iterdir():
-        if item.is_file():
-            shutil.copyfile(item, out / item.name)
-    sizes = {"bf16_bytes": 0, "fp8_bytes": 0}
-    for path in sorted((data / "hidden_states").glob("hs_*.safetensors")):
-        tensors = load_file(path)
+    from tests.support.shift_hidden_states import rewrite_states
+
+    def quantized(tensors: dict[str, Any]) -> dict[str, Any]:
         states, scales = quantize_tensor_to_fp8(tensors["hidden_states"])
-        save_file(tensors | {"hidden_states": states, SCALES_KEY: scales}, out / "hidden_states" / path.name)
-        sizes["bf16_bytes"] += path.stat().st_size
-        sizes["fp8_bytes"] += (out / "hidden_states" / path.name).stat().st_size
-    return sizes
+        return tensors | {"hidden_states": states, SCALES_KEY: scales}
+
+    rewrite_states(data, out, quantized)
+
+    def size(root: Path) -> int:
+        return sum(path.stat().st_size for path in (root / "hidden_states").glob("hs_*.safetensors"))
+
+    return {"bf16_bytes": size(data), "fp8_bytes": size(out)}
 
 
 def subset_rows(gen: Path, out: Path, share: float) -> int:

@@ -48,7 +48,6 @@ from jobs.prepare import rows_paths
 
 LOG = logging.getLogger("jobs.extract")
 BYTES_PER_VALUE = {"bf16": 2, "fp8": 1}
-SCALES_KEY = "hidden_states_scales"  # hs_connectors.fp8_utils.SCALES_KEY: one float32 per token
 EXIT_NO_SPACE = 4
 EXIT_INCOMPLETE = 5
 
@@ -128,9 +127,10 @@ def stored_dtype(dtype: str, has_scales: bool) -> str:
 
 def dequantized(data: dict[str, Any]) -> dict[str, Any]:
     """An FP8 file's tensors as bf16, as speculators' FP8 reader (``hs_connectors.FP8Transfer``) gives them."""
+    from hs_connectors.fp8_utils import SCALES_KEY, dequantize_fp8_tensor
+
     if SCALES_KEY not in data:
         return data
-    from hs_connectors.fp8_utils import dequantize_fp8_tensor
 
     states = dequantize_fp8_tensor(data["hidden_states"], data[SCALES_KEY])
     return {k: v for k, v in data.items() if k != SCALES_KEY} | {"hidden_states": states}
@@ -138,6 +138,7 @@ def dequantized(data: dict[str, Any]) -> dict[str, Any]:
 
 def check_file(path: Path, token_ids: list[int], shape: Shape, full: bool = False) -> str | None:
     """Why ``path`` is not a usable hidden-states file for these tokens (None when it is)."""
+    from hs_connectors.fp8_utils import SCALES_KEY
     from safetensors import safe_open
     from speculators.data_generation.offline import check_hidden_states
 

@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from jobs import text_processor, train_kernels
+from jobs import extract, text_processor, train_kernels
 from jobs.stage import write_atomic
 
 LOG = logging.getLogger("jobs.train")
@@ -94,8 +94,9 @@ class TrainSettings:
             raise ConfigError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.hidden_states not in ("offline", "online"):
             raise ConfigError(f"hidden_states must be offline or online, not {self.hidden_states!r}")
-        if self.hidden_states_dtype not in ("bf16", "fp8"):
-            raise ConfigError(f"hidden_states_dtype must be bf16 or fp8, not {self.hidden_states_dtype!r}")
+        if self.hidden_states_dtype not in extract.BYTES_PER_VALUE:
+            formats = " or ".join(sorted(extract.BYTES_PER_VALUE))
+            raise ConfigError(f"hidden_states_dtype must be {formats}, not {self.hidden_states_dtype!r}")
         if self.hidden_states == "online" and not self.endpoint:
             raise ConfigError("hidden_states: online needs endpoint: the vLLM server that extracts them")
         if len(self.aux_layer_ids) != len(set(self.aux_layer_ids)) or not self.aux_layer_ids:

@@ -17,15 +17,16 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
-def shift(data: Path, out: Path, tokens: int = 1) -> dict[str, int]:
-    import torch
+def rewrite_states(data: Path, out: Path, transform: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
+    """Copy the prepared dataset ``data`` to ``out`` with each hidden-state file's tensors passed
+    through ``transform``; the number of files."""
     from safetensors.torch import load_file, save_file
 
-    if tokens < 1:
-        raise SystemExit(f"--tokens must be at least 1, got {tokens}")
     states_out = out / "hidden_states"
     states_out.mkdir(parents=True, exist_ok=True)
     for item in data.iterdir():
@@ -35,14 +36,25 @@ def shift(data: Path, out: Path, tokens: int = 1) -> dict[str, int]:
     if not files:
         raise SystemExit(f"no hidden-state files in {data / 'hidden_states'}")
     for path in files:
-        tensors = load_file(path)
+        tmp = states_out / f".{path.name}.tmp"
+        save_file(transform(load_file(path)), tmp)
+        os.replace(tmp, states_out / path.name)
+    return len(files)
+
+
+def shift(data: Path, out: Path, tokens: int = 1) -> dict[str, int]:
+    import torch
+
+    if tokens < 1:
+        raise SystemExit(f"--tokens must be at least 1, got {tokens}")
+
+    def shifted(tensors: dict[str, Any]) -> dict[str, Any]:
         hs = tensors["hidden_states"]
         n = min(tokens, hs.shape[0])
-        tensors["hidden_states"] = torch.cat([hs[:1].expand(n, *hs.shape[1:]), hs[: hs.shape[0] - n]]).contiguous()
-        tmp = states_out / f".{path.name}.tmp"
-        save_file(tensors, tmp)
-        os.replace(tmp, states_out / path.name)
-    return {"files": len(files), "shift_tokens": tokens}
+        moved = torch.cat([hs[:1].expand(n, *hs.shape[1:]), hs[: hs.shape[0] - n]]).contiguous()
+        return tensors | {"hidden_states": moved}
+
+    return {"files": rewrite_states(data, out, shifted), "shift_tokens": tokens}
 
 
 def main(argv: list[str] | None = None) -> int:
