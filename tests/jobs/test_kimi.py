@@ -62,7 +62,7 @@ def generated(kimi: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         )
     )  # fmt: skip
     assert (states["fused"], states["missing"]) == (ROWS, 0), states
-    return {"generated": work / "generated", "prepared": prepared, "questions": work / "questions", "work": work}
+    return {"generated": work / "generated", "prepared": prepared, "work": work}
 
 
 def test_vllm_serves_the_kimi_k25_architecture_with_mla_and_moe(kimi: Server) -> None:
