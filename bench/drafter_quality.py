@@ -9,7 +9,8 @@ acceptance length, per-position acceptance, prompts and tokens).
 A variant is ``NAME:KEY=VALUE,...`` with keys ``optimizer`` (adamw | muon), ``rows`` (the share of
 the generated rows it trains on: the first 25% is a prefix of the first 50%), ``shift`` (hidden
 states off by that many tokens: the negative control, ``tests/support/shift_hidden_states.py``),
-``epochs`` and ``hs`` (``fp8``: the same captured states stored as speculators' FP8 format, made by
+``epochs``, ``lr``, ``layers`` (the drafter's decoder layers, speculators' ``num_layers``; 1 by
+default) and ``hs`` (``fp8``: the same captured states stored as speculators' FP8 format, made by
 hs_connectors' own ``quantize_tensor_to_fp8``, the function its FP8 connector writes with, and
 trained through ``hidden_states_dtype: fp8``). Every variant gets the same epochs and learning
 rate unless it says otherwise.
@@ -43,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 SERVER_ARGS = ["--max-model-len", "2048", "--gpu-memory-utilization", "0.1", "--enforce-eager"]
 AUX, CAPTURED = [1, 2, 3], [1, 2, 3, 4]
-KEYS = {"optimizer": str, "rows": float, "shift": int, "epochs": int, "hs": str}
+KEYS = {"optimizer": str, "rows": float, "shift": int, "epochs": int, "hs": str, "layers": int, "lr": float}
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -152,9 +153,9 @@ def main() -> int:
         config = work / f"train-{name}.yaml"
         speculators = {
             "epochs": options.get("epochs", args.epochs),
-            "lr": args.lr,
+            "lr": options.get("lr", args.lr),
             "optimizer": options.get("optimizer", "adamw"),
-        }
+        } | ({"num_layers": options["layers"]} if "layers" in options else {})
         config.write_text(
             yaml.safe_dump(
                 {

@@ -394,7 +394,6 @@ def main(argv: list[str] | None = None) -> int:
         limit=args.limit or None,
         envvars={
             "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-            "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
             # ansible-playbook of this Python's environment, activated or not.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         },

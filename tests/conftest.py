@@ -13,10 +13,22 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 NVIDIA_SMI_FIXTURES = FIXTURES / "nvidia-smi"
 FAKE_NVIDIA_SMI = ROOT / "tests" / "fake_nvidia_smi.py"
+# The checkout as the collection eagle3.pipeline (ansible.cfg's collections_path, a link to ROOT).
+COLLECTIONS = ROOT / "collections"
+
+
+def install_collection_loader() -> None:
+    """Let this process import ``ansible_collections.eagle3.pipeline`` (what the modules import their
+    shared code from) and resolve its plugins by FQCN, as ansible-playbook does from the checkout."""
+    from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+
+    if not any(type(f).__name__ == "_AnsibleCollectionFinder" for f in sys.meta_path):
+        _AnsibleCollectionFinder(paths=[str(COLLECTIONS)], scan_sys_paths=False)._install()
 
 
 def load_module(path: Path) -> ModuleType:
-    """Import an Ansible module file (roles/*/library/*.py) so its functions can be tested."""
+    """Import a plugin file (plugins/modules/*.py, plugins/filter/*.py) so its functions can be tested."""
+    install_collection_loader()
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

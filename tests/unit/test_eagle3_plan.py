@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible.plugins.loader import filter_loader
 
 from tests.conftest import ROOT, load_module
 
-plan = load_module(ROOT / "roles/eagle3/filter_plugins/eagle3_plan.py")
+plan = load_module(ROOT / "plugins/filter/eagle3_plan.py")
 ORDER = ["generate-0", "generate-1", "gather", "prepare", "extract", "train", "validate"]
 
 
@@ -198,7 +199,9 @@ def test_a_value_of_the_wrong_type_names_the_setting() -> None:
 
 def test_the_filter_is_registered_for_ansible() -> None:
     assert plan.FilterModule().filters()["eagle3_stage_plan"] is plan.eagle3_stage_plan
-    assert Path(plan.__file__).parent.name == "filter_plugins"
+    # Playbooks call it by its FQCN, through the collection the checkout is.
+    found = filter_loader.get("eagle3.pipeline.eagle3_stage_plan")
+    assert found is not None and Path(found._original_path).resolve() == (ROOT / "plugins/filter/eagle3_plan.py")
 
 
 def test_each_stage_names_the_stages_it_reads_whose_markers_it_sees() -> None:

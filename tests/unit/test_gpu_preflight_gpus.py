@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import FAKE_NVIDIA_SMI, NVIDIA_SMI_FIXTURES, ROOT, load_module
 
-gpus_module = load_module(ROOT / "roles/gpu_preflight/library/gpu_preflight_gpus.py")
+gpus_module = load_module(ROOT / "plugins/modules/gpu_preflight_gpus.py")
 
 DEFAULTS = {
     "expected_gpus": -1,

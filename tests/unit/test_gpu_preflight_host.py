@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT, load_module
 
-host_module = load_module(ROOT / "roles/gpu_preflight/library/gpu_preflight_host.py")
+host_module = load_module(ROOT / "plugins/modules/gpu_preflight_host.py")
 
 
 def check(**params: object) -> dict:

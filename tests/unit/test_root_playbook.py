@@ -45,9 +45,12 @@ def test_record_dirs_default_to_the_current_directory(tmp_path: Path) -> None:
     )  # fmt: skip
     cwd = tmp_path / "site"
     cwd.mkdir()
+    # A wrapper that changes directory without updating PWD: the records still follow the real one.
+    env = os.environ | {"PWD": str(tmp_path / "stale"), "ANSIBLE_NOCOLOR": "1"}
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(ROOT / "collections")  # eagle3.pipeline.cwd, from the checkout
     run = subprocess.run(
         [ANSIBLE_PLAYBOOK, str(playbook), "-i", "localhost,", "-c", "local"],
-        cwd=cwd, capture_output=True, text=True, env={**os.environ, "PWD": str(cwd), "ANSIBLE_NOCOLOR": "1"},
+        cwd=cwd, capture_output=True, text=True, env=env,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"DIRS ['{cwd}/runs/latest', '{cwd}/runs/latest/preflight']" in run.stdout, run.stdout

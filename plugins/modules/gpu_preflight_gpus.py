@@ -10,7 +10,7 @@ short_description: Read all GPUs with nvidia-smi and list what makes them unfit 
 description:
   - Runs C(nvidia-smi --query-gpu) and C(nvidia-smi --query-compute-apps) with a timeout,
     parses every GPU (not just GPU 0) and returns the readings plus a list of problems.
-  - Never changes the host; supports check mode. The module does not fail on problems:
+  - Never changes the host; supports check mode. The module does not fail on problems;
     the role gates on the returned C(problems) so readings are recorded either way.
 options:
   expected_gpus:
@@ -91,10 +91,11 @@ import os
 import shutil
 import signal
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.eagle3.pipeline.plugins.module_utils.preflight import Problem
 
 GPU_FIELDS = (
     "index",
@@ -128,20 +129,6 @@ INT_FIELDS = {
 }
 # What nvidia-smi prints where it has no value for a field.
 MISSING = {"[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]", ""}
-
-
-@dataclass
-class Problem:
-    gpu: int | None
-    field: str
-    value: str
-    limit: str
-    message: str
-
-    def record(self) -> dict[str, Any]:
-        """The problem as returned to Ansible, with the one-line form the role prints."""
-        where = "" if self.gpu is None else f"GPU {self.gpu} "
-        return {**asdict(self), "line": f"{where}{self.field} = {self.value} (limit: {self.limit}): {self.message}"}
 
 
 @dataclass

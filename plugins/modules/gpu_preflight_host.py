@@ -62,27 +62,14 @@ problems:
 
 import json
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.eagle3.pipeline.plugins.module_utils.preflight import Problem
 
 GIB = 1024**3
 LISTEN = "0A"
-
-
-@dataclass
-class Problem:
-    gpu: None
-    field: str
-    value: str
-    limit: str
-    message: str
-
-    def record(self) -> dict[str, Any]:
-        """The problem as returned to Ansible, with the one-line form the role prints."""
-        return {**asdict(self), "line": f"{self.field} = {self.value} (limit: {self.limit}): {self.message}"}
 
 
 def existing_parent(path: Path) -> Path:
