@@ -1,4 +1,4 @@
-"""roles/eagle3's plan filter: stage names, and that every input reruns exactly its stage and those after it."""
+"""The plan filter (plugins/filter/eagle3_plan.py, eagle3.pipeline.eagle3_stage_plan): stage names, and that every input reruns exactly its stage and those after it."""
 
 from __future__ import annotations
 
