@@ -141,6 +141,8 @@ def test_unit_header_user_limits_and_timeouts() -> None:
     assert directive(text, "User") == "vllm"
     assert directive(text, "EnvironmentFile") == "/etc/vllm/gen.env"
     assert directive(text, "TimeoutStartSec") == "3600"
+    assert directive(text, "TimeoutStopSec") == "60"
+    assert directive(render("vllm-server.service.j2", vllm_server_timeout_stop_sec=10), "TimeoutStopSec") == "10"
     assert directive(text, "Restart") == "on-failure"
     assert directive(text, "LimitNOFILE") == "65536"
 
