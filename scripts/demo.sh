@@ -19,13 +19,7 @@ mkdir -p "$work"
 
 python -m jobs.tiny_model --out "$work/tiny" --prompts "$work/data"
 # The test host has no route to a package index: it installs vLLM and speculators from this wheelhouse.
-mapfile -t pins < <(python - <<'PY'
-import yaml
-v = yaml.safe_load(open("inventory/tiny/group_vars/all.yml"))
-print("\n".join([v["vllm_server_package"], *v["vllm_server_extra_packages"]]))
-PY
-)
-wheelhouse=$(python tests/hosts/testhost.py wheelhouse "${pins[@]}")
+wheelhouse=$(python tests/hosts/testhost.py wheelhouse --inventory inventory/tiny)
 
 [[ ${KEEP_HOST:-0} == 1 ]] || trap 'python tests/hosts/testhost.py down "$host"' EXIT
 python tests/hosts/testhost.py up "$host" --bind-ro "$work/tiny:/srv/models/tiny" \

@@ -49,11 +49,15 @@ if ! timed "test host caches (rest of the prefetch)" wait $prefetch; then
   exit 1
 fi
 
-# Each scenario's own test_sequence (molecule/<scenario>/molecule.yml), one step at a time so
-# each is timed; a failed step destroys the scenario's hosts, as `molecule test` does.
+# Each scenario's test_sequence (its molecule.yml's, else the shared one in
+# .config/molecule/config.yml), one step at a time so each is timed; a failed step destroys the
+# scenario's hosts, as `molecule test` does.
 for scenario in ${MOLECULE_SCENARIOS:-preflight vllm_server pipeline}; do
-  sequence=$(python -c 'import sys, yaml; print(*yaml.safe_load(open(sys.argv[1]))["scenario"]["test_sequence"])' \
-    "molecule/$scenario/molecule.yml")
+  sequence=$(python -c '
+import sys, yaml
+configs = [yaml.safe_load(open(path)) for path in sys.argv[1:]]
+print(*next(c["scenario"]["test_sequence"] for c in configs if "test_sequence" in c.get("scenario", {})))' \
+    "molecule/$scenario/molecule.yml" .config/molecule/config.yml)
   for step in $sequence; do
     if ! timed "molecule $scenario $step" molecule "$step" -s "$scenario"; then
       molecule destroy -s "$scenario" || true

@@ -12,6 +12,7 @@ demo both use this one tool.
     python tests/hosts/testhost.py down NAME|--all # stop, and check nothing is left behind
     python tests/hosts/testhost.py list
     python tests/hosts/testhost.py wheelhouse REQ...  # offline wheels for the hosts (cached)
+    python tests/hosts/testhost.py wheelhouse --inventory inventory/tiny  # ... for that inventory's pins
     python tests/hosts/testhost.py prefetch molecule/*/molecule.yml  # the rootfs and every wheelhouse
 
 Needs root, debootstrap, systemd-container and iproute2 (scripts/bootstrap.sh installs them).
@@ -103,6 +104,21 @@ def wheelhouse(requirements: list[str]) -> Path:
     return cached(CACHE / f"wheelhouse-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}", recipe, build)
 
 
+def inventory_pins(inventory: Path) -> list[str]:
+    """What an inventory's hosts pip-install into vLLM's venv (``vllm_server_package`` and
+    ``vllm_server_extra_packages`` of its group_vars/all.yml): the pins' one home for test hosts."""
+    import yaml
+
+    settings = yaml.safe_load((inventory / "group_vars" / "all.yml").read_text())
+    return [settings["vllm_server_package"], *settings.get("vllm_server_extra_packages", [])]
+
+
+def platform_wheelhouse(spec: str | list[str], root: Path) -> Path:
+    """A platform's ``wheelhouse``: requirements, or an inventory directory (relative to ``root``)
+    whose pins it installs."""
+    return wheelhouse(inventory_pins(root / spec) if isinstance(spec, str) else spec)
+
+
 def prefetch(scenarios: list[Path]) -> list[Path]:
     """Build the rootfs and every wheelhouse the molecule scenarios' platforms ask for, so that
     the downloads overlap other work instead of the scenarios' create steps."""
@@ -110,9 +126,10 @@ def prefetch(scenarios: list[Path]) -> list[Path]:
 
     built = [base_rootfs()]
     for scenario in scenarios:
+        root = scenario.resolve().parents[2]  # molecule/<scenario>/molecule.yml of the project
         for platform in yaml.safe_load(scenario.read_text()).get("platforms", []):
             if platform.get("wheelhouse"):
-                built.append(wheelhouse(platform["wheelhouse"]))
+                built.append(platform_wheelhouse(platform["wheelhouse"], root))
     return sorted(set(built))
 
 
@@ -322,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     p_inv.add_argument("up_json", type=Path)
     p_inv.add_argument("--groups", default="all", help="comma-separated groups to put every host in")
     p_wh = sub.add_parser("wheelhouse", help="download wheels for requirements (cached); print the directory")
-    p_wh.add_argument("requirements", nargs="+")
+    p_wh.add_argument("requirements", nargs="*")
+    p_wh.add_argument("--inventory", type=Path, help="the pins of this inventory directory's group_vars/all.yml")
     p_pre = sub.add_parser("prefetch", help="build the rootfs and the wheelhouses of molecule scenarios (cached)")
     p_pre.add_argument("scenarios", nargs="+", type=Path, metavar="MOLECULE_YML")
     args = parser.parse_args(argv)
@@ -340,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "down":
         return down(sorted(hosts()) if args.all else args.names)
     elif args.command == "wheelhouse":
-        print(wheelhouse(args.requirements))
+        if bool(args.requirements) == bool(args.inventory):
+            sys.exit("testhost wheelhouse: give requirements or --inventory DIR, not both")
+        print(wheelhouse(inventory_pins(args.inventory) if args.inventory else args.requirements))
     elif args.command == "prefetch":
         print(*prefetch(args.scenarios), sep="\n")
     elif args.command == "list":
