@@ -53,7 +53,8 @@ OTHER = {
 }
 # The checksums plan.yml reads on each host: which stage each feeds.
 FILES = {"dataset_sha256": "generate", "model_config_sha256": "generate", "heldout_sha256": "validate"}
-TRUE, FALSE = {"true", "yes", "on", "1", "y", "t"}, {"false", "no", "off", "0", "n", "f", ""}
+TRUE = {"true", "yes", "on", "1", "y", "t"}
+FALSE = {"false", "no", "off", "0", "n", "f", ""}
 
 
 class PlanError(ValueError):

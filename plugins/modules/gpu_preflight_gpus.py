@@ -69,21 +69,33 @@ EXAMPLES = r"""
 
 RETURN = r"""
 gpus:
-  description: One reading per GPU, in nvidia-smi's index order.
+  description: One reading per GPU, in nvidia-smi's index order (parsed fields, and C(raw) as nvidia-smi printed them).
   type: list
+  elements: dict
   returned: always
+  sample:
+    - {index: 0, uuid: GPU-ac7866cb-8b62-b3da-c4c3-a0c33289e300, name: NVIDIA H200, driver_version: 580.159.04,
+       memory_used: 0, memory_total: 143771, compute_mode: Default, mig_mode_current: Disabled, remapped_rows_pending: "No"}
 compute_processes:
   description: Compute processes on any GPU, with the GPU index they run on.
   type: list
+  elements: dict
   returned: always
+  sample:
+    - {pid: 4242, process_name: /usr/bin/python3, gpu_uuid: GPU-ac7866cb-8b62-b3da-c4c3-a0c33289e303, used_memory: 81220, gpu_index: 3}
 driver_version:
   description: Driver version nvidia-smi reports (null if it did not answer).
   type: str
   returned: always
+  sample: 580.159.04
 problems:
-  description: Each problem found, with gpu (index or null), field, value, limit and message.
+  description: Each problem found, with gpu (index or null), field, value, limit, message and the line the gate prints.
   type: list
+  elements: dict
   returned: always
+  sample:
+    - {gpu: 3, field: memory.used, value: 81234 MiB, limit: "<= 1024 MiB", message: GPU memory is in use by something else,
+       line: "GPU 3 memory.used = 81234 MiB (limit: <= 1024 MiB): GPU memory is in use by something else"}
 """
 
 import contextlib

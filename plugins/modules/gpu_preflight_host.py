@@ -45,19 +45,26 @@ RETURN = r"""
 paths:
   description: Free space reading per path.
   type: list
+  elements: dict
   returned: always
+  sample: [{label: outputs, path: /var/lib/eagle3/runs, measured_at: /var/lib/eagle3, free_gib: 64, total_gib: 251, min_free_gib: 2.0}]
 model:
   description: What was found at the model path.
   type: dict
   returned: always
+  sample: {path: /srv/models/tiny, exists: true, config: true, weight_files: 1, missing_shards: []}
 ports:
   description: Per port, whether something listens and which PIDs.
   type: list
+  elements: dict
   returned: always
+  sample: [{port: 8000, in_use: false, owners: []}]
 problems:
-  description: Each problem found, with gpu (always null here), field, value, limit and message.
+  description: Each problem found, with gpu (always null here), field, value, limit, message and the line the gate prints.
   type: list
+  elements: dict
   returned: always
+  sample: []
 """
 
 import json
