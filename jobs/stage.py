@@ -316,6 +316,8 @@ def wait(stage: Stage, timeout: float, poll: float = 1.0) -> dict[str, Any]:
                 result["log_tail"] = tail_text(stage.file("log"))
             return result
         if not pid_alive(stage.file("pid")):
+            if stage.file("rc").exists():  # it wrote its rc and exited between the two checks
+                continue
             return {"stage": stage.name, "done": True, "rc": -1, "log_tail": tail_text(stage.file("log"))}
         if time.monotonic() >= deadline:
             return {"stage": stage.name, "done": False, "progress": last_line(stage.file("log"))}

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from jobs import stage as st
 
 PY = sys.executable
@@ -212,3 +214,19 @@ def test_a_stage_does_not_start_before_the_stages_it_reads(tmp_path: Path) -> No
     rc = st.main(["start", "--dir", str(tmp_path), "--name", "other", "--inputs-hash", "x", "--after", "gen=g2",
                   "--output", str(tmp_path / "o"), "--", "true"])  # fmt: skip
     assert rc == 2
+
+
+def test_wait_reads_the_rc_of_a_stage_that_exits_between_its_two_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor writes its rc and exits after wait found no rc file but before it asks
+    whether the supervisor lives (seen in CI as rc -1 for a stage that had finished)."""
+    stage = st.Stage(tmp_path, "gen")
+    stage.state_dir.mkdir(parents=True)
+
+    def exits_now(pid_file: Path) -> bool:
+        stage.file("rc").write_text("0\n")
+        return False
+
+    monkeypatch.setattr(st, "pid_alive", exits_now)
+    assert st.wait(stage, timeout=5, poll=0.01)["rc"] == 0
