@@ -26,8 +26,7 @@ CPU_SERVER_ARGS: list[str] = yaml.safe_load((ROOT / "inventory/tiny/group_vars/a
 # uniproc executor) instead of spawning one more Python that imports vLLM again. A server is up in
 # 24 s instead of 41 s, and these tests took 298 s instead of 415 s (side by side, 2 cores). Not on
 # the test hosts: with two hosts generating at once on these 2 cores, the tiny Kimi-K2.5's
-# generation alone took 322 s with it, and molecule/pipeline's verify 1,513 s against 1,091 s
-# without it (README, Tests).
+# generation alone took 322 s with it (the whole rehearsal had taken about 190 s without it).
 CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # The tiny target has 4 layers: EAGLE-3 takes the residual stream entering layers 1, 2 and 3,
 # and the output of the last (4), as vLLM's extract_hidden_states numbers them.
