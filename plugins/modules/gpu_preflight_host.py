@@ -1,13 +1,17 @@
 #!/usr/bin/python
-"""Check a host's disk space, model files and serving ports before a run."""
+"""Check a host's platform, disk space, model files and serving ports before a run."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
 module: gpu_preflight_host
-short_description: Read free disk, model files and listening ports; list what would break a run
+short_description: Read the platform, free disk, model files and listening ports; list what would break a run
 description:
+  - Checks the platform the roles need: systemd as the init process (the server is a systemd unit)
+    and a Debian-family system (packages come from apt), read from C(/proc/1/comm) and
+    C(/etc/os-release). A platform the collection is not tested on (anything but Debian 12
+    bookworm) is a warning, not a problem.
   - For each path, reads free space on the file system that holds it (the nearest existing
     parent when the path does not exist yet, as for an output directory a run will create).
   - Checks the model directory has C(config.json) and its weights, including every shard a
@@ -29,6 +33,10 @@ options:
     type: list
     elements: int
     default: []
+  platform:
+    description: Check the platform (init system and OS family).
+    type: bool
+    default: true
 author: eagle3-pipeline
 """
 
@@ -59,6 +67,11 @@ ports:
   elements: dict
   returned: always
   sample: [{port: 8000, in_use: false, owners: []}]
+platform:
+  description: The host's OS (from /etc/os-release), its init process, and whether the collection is tested on that OS.
+  type: dict
+  returned: always
+  sample: {id: debian, id_like: [], version_id: "12", codename: bookworm, pretty_name: Debian GNU/Linux 12 (bookworm), init: systemd, tested: true}
 problems:
   description: Each problem found, with gpu (always null here), field, value, limit, message and the line the gate prints.
   type: list
@@ -77,6 +90,51 @@ from ansible_collections.eagle3.pipeline.plugins.module_utils.preflight import P
 
 GIB = 1024**3
 LISTEN = "0A"
+# What the test hosts run (tests/hosts/testhost.py) and roles' meta claim: (os-release ID, VERSION_CODENAME).
+TESTED_PLATFORMS = {("debian", "bookworm")}
+
+
+def os_release(path: Path) -> dict[str, str]:
+    """/etc/os-release as a dict (KEY=value, values optionally quoted)."""
+    fields = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("#"):
+            fields[key.strip()] = value.strip().strip('"').strip("'")
+    return fields
+
+
+def read_platform(
+    release_path: Path = Path("/etc/os-release"), init_path: Path = Path("/proc/1/comm")
+) -> tuple[dict[str, Any], list[Problem]]:
+    problems = []
+    try:
+        release = os_release(release_path)
+    except OSError:
+        release = {}
+    try:
+        init = init_path.read_text().strip()
+    except OSError:
+        init = "unknown"
+    os_id, like = release.get("ID", "unknown"), release.get("ID_LIKE", "").split()
+    reading = {
+        "id": os_id,
+        "id_like": like,
+        "version_id": release.get("VERSION_ID", ""),
+        "codename": release.get("VERSION_CODENAME", ""),
+        "pretty_name": release.get("PRETTY_NAME", os_id),
+        "init": init,
+        "tested": (os_id, release.get("VERSION_CODENAME", "")) in TESTED_PLATFORMS,
+    }
+    if init != "systemd":
+        problems.append(
+            Problem(None, "init", init, "systemd", "the vLLM server runs as a systemd unit: the host must boot systemd")
+        )
+    if os_id != "debian" and "debian" not in like:
+        problems.append(
+            Problem(None, "os", reading["pretty_name"], "Debian family", "the roles install packages with apt")
+        )
+    return reading, problems
 
 
 def existing_parent(path: Path) -> Path:
@@ -189,6 +247,9 @@ def read_port(port: int) -> tuple[dict[str, Any], list[Problem]]:
 
 def read_host(params: dict[str, Any]) -> dict[str, Any]:
     problems: list[Problem] = []
+    platform: dict[str, Any] = {}
+    if params.get("platform", True):
+        platform, problems = read_platform()
     disks = []
     for entry in params["paths"]:
         reading, found = read_disk(entry)
@@ -203,7 +264,13 @@ def read_host(params: dict[str, Any]) -> dict[str, Any]:
         reading, found = read_port(port)
         ports.append(reading)
         problems += found
-    return {"paths": disks, "model": model, "ports": ports, "problems": [p.record() for p in problems]}
+    return {
+        "platform": platform,
+        "paths": disks,
+        "model": model,
+        "ports": ports,
+        "problems": [p.record() for p in problems],
+    }
 
 
 def main() -> None:
@@ -212,13 +279,18 @@ def main() -> None:
             "paths": {"type": "list", "elements": "dict", "default": []},
             "model_path": {"type": "str", "default": ""},
             "ports": {"type": "list", "elements": "int", "default": []},
+            "platform": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
     for entry in module.params["paths"]:
         if "path" not in entry or "min_free_gib" not in entry:
             module.fail_json(msg=f"each entry of paths needs path and min_free_gib, got {entry}")
-    module.exit_json(changed=False, **read_host(module.params))
+    result = read_host(module.params)
+    if result["platform"] and not result["platform"]["tested"]:
+        tested = ", ".join(f"{os_id} {codename}" for os_id, codename in sorted(TESTED_PLATFORMS))
+        module.warn(f"{result['platform']['pretty_name']} is untested: the collection is tested on {tested} only.")
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

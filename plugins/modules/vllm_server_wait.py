@@ -91,30 +91,25 @@ stopped:
 
 import json
 import re
-import subprocess
 import time
-import urllib.error
-import urllib.request
 from typing import Any
+from urllib.error import HTTPError
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 
 DEAD_STATES = {"failed", "inactive", "deactivating"}
 
 
-def unit_state(unit: str) -> dict[str, str]:
-    out = subprocess.run(
-        ["systemctl", "show", unit, "--property=ActiveState,SubState,Result,NRestarts,MainPID,InvocationID"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
+def unit_state(module: AnsibleModule, unit: str) -> dict[str, str]:
+    _, out, _ = module.run_command(
+        ["systemctl", "show", unit, "--property=ActiveState,SubState,Result,NRestarts,MainPID,InvocationID"]
+    )
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
-def journal(unit: str, lines: int) -> list[str]:
-    cmd = ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+def journal(module: AnsibleModule, unit: str, lines: int) -> list[str]:
+    _, out, _ = module.run_command(["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit])
     return out.splitlines()
 
 
@@ -146,7 +141,7 @@ def error_lines(lines: list[str], limit: int = 12) -> list[str]:
     return found[:limit]
 
 
-def stop(unit: str, timeout: float = 60.0, poll: float = 0.5) -> str:
+def stop(module: AnsibleModule, unit: str, timeout: float = 60.0, poll: float = 0.5) -> str:
     """Stop the unit after a failed load and see it stay down; '' when it did, else why not.
 
     A stop sent while systemd is still tearing the dead server down (``deactivating``) can merge
@@ -155,7 +150,7 @@ def stop(unit: str, timeout: float = 60.0, poll: float = 0.5) -> str:
     restart."""
     deadline, calm = time.monotonic() + timeout, 0
     while time.monotonic() < deadline:
-        now = unit_state(unit)
+        now = unit_state(module, unit)
         if now.get("ActiveState") in ("inactive", "failed") and now.get("SubState") != "auto-restart":
             calm += 1
             if calm >= 2:
@@ -163,28 +158,29 @@ def stop(unit: str, timeout: float = 60.0, poll: float = 0.5) -> str:
         else:
             calm = 0
             if now.get("ActiveState") != "deactivating":
-                answer = subprocess.run(["systemctl", "stop", unit], capture_output=True, text=True, check=False)
-                if answer.returncode != 0:
-                    return answer.stderr.strip() or f"systemctl stop exited {answer.returncode}"
+                rc, _, err = module.run_command(["systemctl", "stop", unit])
+                if rc != 0:
+                    return err.strip() or f"systemctl stop exited {rc}"
         time.sleep(poll)
     return f"it did not stay stopped within {timeout:.0f} s ({now.get('ActiveState')}, {now.get('SubState')})"
 
 
-def invocation_journal(unit: str, invocation: str) -> list[str]:
+def invocation_journal(module: AnsibleModule, unit: str, invocation: str) -> list[str]:
     """Everything the unit's last start logged (the whole of it, not just the tail)."""
     match = f"_SYSTEMD_INVOCATION_ID={invocation}" if invocation else f"--unit={unit}"
-    cmd = ["journalctl", "--no-pager", "-o", "cat", "-n", "5000", match]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.splitlines()
+    _, out, _ = module.run_command(["journalctl", "--no-pager", "-o", "cat", "-n", "5000", match])
+    return out.splitlines()
 
 
 def get_json(url: str) -> tuple[int, Any]:
+    """The status and JSON body of a GET; status 0 when nothing answered (the server is loading)."""
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with open_url(url, timeout=10, use_proxy=False) as response:
             body = response.read()
             return response.status, json.loads(body) if body else None
-    except urllib.error.HTTPError as err:
+    except HTTPError as err:
         return err.code, None
-    except (urllib.error.URLError, OSError, ValueError):
+    except (OSError, ValueError):  # URLError is an OSError; a connection refused while loading
         return 0, None
 
 
@@ -201,22 +197,23 @@ def died(start: dict[str, str], now: dict[str, str]) -> str | None:
     return None
 
 
-def wait(params: dict[str, Any]) -> dict[str, Any]:
+def wait(module: AnsibleModule) -> dict[str, Any]:
+    params = module.params
     unit, base = params["unit"], params["url"].rstrip("/")
     began = time.monotonic()
-    start = unit_state(unit)
+    start = unit_state(module, unit)
     result: dict[str, Any] = {"unit": unit, "url": base}
     while True:
-        now = unit_state(unit)
+        now = unit_state(module, unit)
         reason = died(start, now)
         if reason:
-            errors = error_lines(invocation_journal(unit, now.get("InvocationID", "")))
+            errors = error_lines(invocation_journal(module, unit, now.get("InvocationID", "")))
             cause = f" First error: {errors[0]}" if errors else ""
             result.update(
                 failed=True,
                 msg=f"{unit} died while loading the model: {reason}.{cause} Error lines and journal tail follow.",
                 errors=errors,
-                journal=journal(unit, params["journal_lines"]),
+                journal=journal(module, unit, params["journal_lines"]),
             )
             break
         status, _ = get_json(f"{base}/health")
@@ -233,13 +230,13 @@ def wait(params: dict[str, Any]) -> dict[str, Any]:
                     f"{unit} is still running but did not serve {params['served_model_name']!r} at {base} "
                     f"within {params['timeout']} s (raise vllm_server_health_timeout for slower loads)."
                 ),
-                journal=journal(unit, params["journal_lines"]),
+                journal=journal(module, unit, params["journal_lines"]),
             )
             break
         time.sleep(params["interval"])
     result["waited_s"] = round(time.monotonic() - began, 1)
     if result.get("failed") and params["stop_on_failure"]:
-        trouble = stop(unit)
+        trouble = stop(module, unit)
         result["stopped"] = not trouble
         result["msg"] += (
             f" Stopped {unit} so that systemd does not retry the failed load; fix the cause and run again."
@@ -264,7 +261,7 @@ def main() -> None:
     )
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, msg="check mode: not waiting for the server")
-    result = wait(module.params)
+    result = wait(module)
     if result.get("failed"):
         result.pop("failed")
         module.fail_json(changed=bool(result.get("stopped")), **result)

@@ -13,7 +13,7 @@ host_module = load_module(ROOT / "plugins/modules/gpu_preflight_host.py")
 
 
 def check(**params: object) -> dict:
-    return host_module.read_host({"paths": [], "model_path": "", "ports": [], **params})
+    return host_module.read_host({"paths": [], "model_path": "", "ports": [], "platform": False, **params})
 
 
 def test_output_path_not_yet_made_is_measured_at_its_parent(tmp_path: Path) -> None:
@@ -79,3 +79,40 @@ def test_free_port_passes() -> None:
     result = check(ports=[port])
     assert result["problems"] == []
     assert result["ports"] == [{"port": port, "in_use": False, "owners": []}]
+
+
+def release_and_init(tmp_path: Path, release: str, init: str) -> tuple[Path, Path]:
+    (tmp_path / "os-release").write_text(release)
+    (tmp_path / "comm").write_text(init + "\n")
+    return tmp_path / "os-release", tmp_path / "comm"
+
+
+def test_debian_bookworm_with_systemd_is_the_tested_platform(tmp_path: Path) -> None:
+    release = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\nVERSION_CODENAME=bookworm\n'
+    reading, problems = host_module.read_platform(*release_and_init(tmp_path, release, "systemd"))
+    assert problems == []
+    assert reading["tested"] and reading["codename"] == "bookworm" and reading["init"] == "systemd"
+
+
+def test_ubuntu_passes_untested(tmp_path: Path) -> None:
+    release = (
+        'PRETTY_NAME="Ubuntu 24.04.1 LTS"\nID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\nVERSION_CODENAME=noble\n'
+    )
+    reading, problems = host_module.read_platform(*release_and_init(tmp_path, release, "systemd"))
+    assert problems == [] and not reading["tested"]
+
+
+def test_a_host_without_systemd_or_apt_is_a_problem(tmp_path: Path) -> None:
+    release = 'PRETTY_NAME="Rocky Linux 9.4"\nID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.4"\n'
+    _, problems = host_module.read_platform(*release_and_init(tmp_path, release, "tini"))
+    lines = [p.record()["line"] for p in problems]
+    assert lines == [
+        "init = tini (limit: systemd): the vLLM server runs as a systemd unit: the host must boot systemd",
+        "os = Rocky Linux 9.4 (limit: Debian family): the roles install packages with apt",
+    ]
+
+
+def test_this_machine_reads_as_a_platform() -> None:
+    """The real /etc/os-release and /proc/1/comm of the machine the tests run on are readable."""
+    reading, _ = host_module.read_platform()
+    assert reading["id"] != "unknown" and reading["init"] != "unknown"
