@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: gpu_preflight_host
 short_description: Read the platform, free disk, model files and listening ports; list what would break a run
 description:
-  - Checks the platform the roles need: systemd as the init process (the server is a systemd unit)
+  - Checks the platform the roles need, systemd as the init process (the server is a systemd unit)
     and a Debian-family system (packages come from apt), read from C(/proc/1/comm) and
     C(/etc/os-release). A platform the collection is not tested on (anything but Debian 12
     bookworm) is a warning, not a problem.
