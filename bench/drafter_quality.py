@@ -102,8 +102,9 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     variants = dict(parse_variant(v) for v in args.variant or ["adamw:optimizer=adamw", "muon:optimizer=muon"])
 
-    from jobs import extract, generate, prepare, tiny_model, validate
+    from jobs import extract, generate, prepare, validate
     from jobs.vllm_process import VllmProcess, cpu_hidden_states_server
+    from tests.support import tiny_model
     from tests.support.shift_hidden_states import shift
 
     work = args.work or Path(tempfile.mkdtemp(prefix="drafter-quality-"))

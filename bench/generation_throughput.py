@@ -118,8 +118,8 @@ def main() -> int:
     if args.server and not args.model:
         parser.error("--server needs --model (the name it serves)")
 
-    from jobs import tiny_model
     from jobs.vllm_process import VllmProcess
+    from tests.support import tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="gen-bench-"))
     lines = tiny_model.corpus(args.prompts, seed=5)

@@ -42,7 +42,7 @@ def build_data(work: Path, rows: int) -> tuple[Path, Path]:
     from datasets import Dataset
     from safetensors.torch import save_file
 
-    from jobs import verifier_stub
+    from tests.support import verifier_stub
 
     verifier = work / "verifier"
     if not (verifier / "model.safetensors.index.json").exists():

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs import extract, generate, prepare, tiny_model
+from jobs import extract, generate, prepare
 from jobs.vllm_process import ServerFailed, VllmProcess, cpu_hidden_states_server
+from tests.support import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

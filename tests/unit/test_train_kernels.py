@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobs import tiny_kimi, train, train_kernels, verifier_stub
+from jobs import train, train_kernels
+from tests.support import tiny_kimi, verifier_stub
 
 ROOT = Path(__file__).resolve().parents[2]
 

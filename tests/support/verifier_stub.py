@@ -8,7 +8,7 @@ a ``language_model.`` prefix in sharded safetensors with an index. Drafter train
 index. Sizes are parameters: tiny for tests, Kimi-K2.5's own (hidden 7168, vocab 163840) for the
 GPU benchmark.
 
-    python -m jobs.verifier_stub --out /tmp/kimi-stub --hidden-size 7168 --vocab-size 163840
+    python -m tests.support.verifier_stub --out /tmp/kimi-stub --hidden-size 7168 --vocab-size 163840
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def build(out: Path, hidden_size: int = 7168, vocab_size: int = 163840, layers: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.verifier_stub", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.support.verifier_stub", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--hidden-size", type=int, default=7168)
     parser.add_argument("--vocab-size", type=int, default=163840)

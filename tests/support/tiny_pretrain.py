@@ -1,10 +1,10 @@
-"""Train the tiny target: the built-in Llama shape, pretrained on ``jobs.tiny_corpus``'s samples.
+"""Train the tiny target: the built-in Llama shape, pretrained on ``tests.support.tiny_corpus``'s samples.
 
 Three steps, so that the GPU step needs only torch, transformers and safetensors:
 
-    python -m jobs.tiny_pretrain prepare --out /tmp/pre        # tokenizer, config, tokens.pt (here)
-    python -m jobs.tiny_pretrain train --dir /tmp/pre          # model.safetensors (GPU: ~80 s on an H100)
-    python -m jobs.tiny_pretrain package --dir /tmp/pre --out models/tiny-python   # the committed artifact
+    python -m tests.support.tiny_pretrain prepare --out /tmp/pre        # tokenizer, config, tokens.pt (here)
+    python -m tests.support.tiny_pretrain train --dir /tmp/pre          # model.safetensors (GPU: ~80 s on an H100)
+    python -m tests.support.tiny_pretrain package --dir /tmp/pre --out models/tiny-python   # the committed artifact
 
 ``prepare`` trains the BPE tokenizer on the samples (chat template with ``<think>``), renders
 every sample as one chat (user question, assistant reasoning and answer) and packs their token
@@ -12,7 +12,7 @@ ids, each chat ending with ``<|im_end|>``, into one stream. ``train`` trains a
 ``LlamaForCausalLM`` of ``config.json`` on random windows of that stream (seeded) with AdamW and
 a cosine schedule, logs the loss, and writes the weights in bf16. ``package`` copies what vLLM
 loads, plus the question pools, into the artifact directory with ``recipe.json``: the recipe, its
-hash, every file's sha256 and the commands that rebuilt it. ``jobs.tiny_model --kind trained``
+hash, every file's sha256 and the commands that rebuilt it. ``tests.support.tiny_model --kind trained``
 installs that artifact (checking the hashes).
 """
 
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-LOG = logging.getLogger("jobs.tiny_pretrain")
+LOG = logging.getLogger("tests.support.tiny_pretrain")
 VOCAB_SIZE = 2048
 RECIPE_VERSION = 2  # 2: <think> and </think> are not special tokens (vLLM's parser sees them)
 # What the artifact holds: what vLLM and transformers load, and the pipeline's question pools.
@@ -38,7 +38,7 @@ ARTIFACT_FILES = (
 
 
 def llama_config(vocab_size: int = VOCAB_SIZE) -> dict:
-    """The built-in target's shape (as ``jobs.tiny_model``'s random one): hidden 256, 4 layers,
+    """The built-in target's shape (as ``tests.support.tiny_model``'s random one): hidden 256, 4 layers,
     4 heads of head_dim 64."""
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab_size,
@@ -53,7 +53,7 @@ def prepare(out: Path, corpus_dir: Path) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from jobs import tiny_corpus, tiny_model
+    from tests.support import tiny_corpus, tiny_model
 
     samples = tiny_corpus.stdlib_samples()
     tiny_corpus.write(corpus_dir, samples)
@@ -156,9 +156,9 @@ def package(directory: Path, out: Path, corpus_dir: Path) -> dict:
         "trained": {"device": trained["device"], "seconds": trained["seconds"], "final_loss": round(trained["final_loss"], 4)},
         "stdlib": f"Python {platform.python_version()} (the question pools and the corpus come from its standard library)",
         "rebuild": [
-            "python -m jobs.tiny_pretrain prepare --out /tmp/pre",
-            f"python -m jobs.tiny_pretrain train --dir /tmp/pre --steps {t['steps']} --batch {t['batch']} --seq {t['seq']} --lr {t['lr']} --seed {t['seed']}",
-            f"python -m jobs.tiny_pretrain package --dir /tmp/pre --out {out}",
+            "python -m tests.support.tiny_pretrain prepare --out /tmp/pre",
+            f"python -m tests.support.tiny_pretrain train --dir /tmp/pre --steps {t['steps']} --batch {t['batch']} --seq {t['seq']} --lr {t['lr']} --seed {t['seed']}",
+            f"python -m tests.support.tiny_pretrain package --dir /tmp/pre --out {out}",
         ],
     }  # fmt: skip
     (out / "recipe.json").write_text(json.dumps(manifest, indent=2) + "\n")

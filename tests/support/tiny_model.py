@@ -1,6 +1,6 @@
 """Build the built-in tiny target: the trained one from ``models/tiny-python``, or a random-init Llama.
 
-``--kind trained`` (the default) installs the committed artifact that ``jobs.tiny_pretrain`` built:
+``--kind trained`` (the default) installs the committed artifact that ``tests.support.tiny_pretrain`` built:
 the same Llama shape, pretrained on chat samples from the Python standard library (a question, a
 reasoning part, the function's source), with the artifact's disjoint question pools as prompts.
 Its sha256s are checked. ``--kind random`` builds the random-init model described below, for
@@ -12,8 +12,8 @@ BPE tokenizer trained on a built-in corpus, and a chat template that opens the a
 with ``<think>`` and renders earlier reasoning as ``<think>…</think>`` (so a reasoning parser
 has something to split).
 
-    python -m jobs.tiny_model --out /srv/models/tiny --prompts /srv/data            # trained
-    python -m jobs.tiny_model --kind random --out /srv/models/tiny-random
+    python -m tests.support.tiny_model --out /srv/models/tiny --prompts /srv/data            # trained
+    python -m tests.support.tiny_model --kind random --out /srv/models/tiny-random
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import random
 import sys
 from pathlib import Path
 
-LOG = logging.getLogger("jobs.tiny_model")
-TRAINED = Path(__file__).resolve().parents[1] / "models" / "tiny-python"
+LOG = logging.getLogger("tests.support.tiny_model")
+TRAINED = Path(__file__).resolve().parents[2] / "models" / "tiny-python"
 # A random-init model's next-token distribution is nearly flat, so a drafter trained on it (a KL
 # loss against those distributions) gets almost no signal about which token wins. Scaling the
 # output head makes the distributions as peaked as a trained model's, with the same random

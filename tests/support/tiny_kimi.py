@@ -24,7 +24,7 @@ writes the same structure, random-init and small:
   Kimi-style chat template whose assistant turn opens with ``<think>``, so vLLM's ``kimi_k2``
   reasoning parser splits reasoning from the answer.
 
-    python -m jobs.tiny_kimi --out /srv/models/tiny-kimi
+    python -m tests.support.tiny_kimi --out /srv/models/tiny-kimi
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jobs.tiny_model import LOGIT_SCALE, build_tokenizer
+from tests.support.tiny_model import LOGIT_SCALE, build_tokenizer
 
-LOG = logging.getLogger("jobs.tiny_kimi")
+LOG = logging.getLogger("tests.support.tiny_kimi")
 
 # Kimi-K2.5's special tokens (tokenizer_config.json of moonshotai/Kimi-K2.5), beginning the vocab.
 SPECIAL_TOKENS = [

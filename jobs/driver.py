@@ -1,6 +1,6 @@
 """Run ``playbooks/train.yml`` through ansible-runner, stream per-stage progress, write the run manifest.
 
-    python -m jobs.run -i inventory/<site> [-i more-hosts.yml] [-e key=value | -e @vars.yml]
+    python -m jobs.driver -i inventory/<site> [-i more-hosts.yml] [-e key=value | -e @vars.yml]
                        [--tags generate] [--run-dir runs/<name>]
 
 Progress goes to stderr, one line per event that matters: a play (pipeline step) starting, a
@@ -356,7 +356,7 @@ def validation_lines(report: dict[str, Any] | None, plot: str | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.run", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.driver", description=__doc__.split("\n\n")[0])
     parser.add_argument("-i", "--inventory", type=Path, action="append", required=True, help="repeatable")
     parser.add_argument(
         "-e", "--extra-vars", action="append", default=[],

@@ -10,10 +10,10 @@ Each function or method with a docstring becomes one chat sample:
 
 Functions are split by a hash of ``module:qualname`` into the generation pool (questions whose
 answers the drafter is trained on), a disjoint held-out pool (validation prompts), and the rest.
-The target (``jobs.tiny_pretrain``) is trained on all of them, as a real model has seen the text
+The target (``tests.support.tiny_pretrain``) is trained on all of them, as a real model has seen the text
 its users ask about; the drafter never sees a held-out question.
 
-    python -m jobs.tiny_corpus --out /tmp/corpus     # samples.jsonl, generation.jsonl, heldout.jsonl
+    python -m tests.support.tiny_corpus --out /tmp/corpus     # samples.jsonl, generation.jsonl, heldout.jsonl
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-LOG = logging.getLogger("jobs.tiny_corpus")
+LOG = logging.getLogger("tests.support.tiny_corpus")
 MAX_LINES = 24
 # Shares of the functions (by hash) in the held-out and generation pools; the rest train only the target.
 HELDOUT_SHARE = 0.02
