@@ -221,8 +221,13 @@ class Progress:
             plan = res["ansible_facts"]["eagle3_plan"]
             if not isinstance(plan, dict) or "todo" not in plan:
                 return True
+            # plan.yml keeps a host's plan twice (before and after settling across hosts): say it
+            # again only when settling changed what the host runs.
+            before = self.plan.get(host, {}).get("todo")
             self.plan[host] = plan
             todo = plan.get("todo", [])
+            if todo == before:
+                return True
             self.say(f"{host}: {'every stage complete' if not todo else 'to run: ' + ', '.join(todo)}")
         elif kind in ("runner_on_ok", "runner_retry") and (stage := stage_of(res)):
             self._stage_event(host, *stage, kind, stdout_json(res))

@@ -17,6 +17,8 @@ complete for the same inputs, resumes when it was interrupted, and reports progr
   An interrupted stage (same hash) resumes from its partial output; a stage whose inputs changed
   (or whose owned paths were made by nobody knows what) starts from nothing, so a job never
   mixes outputs made under other inputs with new ones. Owned paths must lie inside ``--dir``.
+* ``statuses``: ``status`` of several stages at once (``--stage NAME=HASH``, repeated), a JSON
+  list in the order asked: the plan asks every stage of a host in one command.
 * ``pids``: the PIDs of the run's own processes (every running stage's process tree and the
   cgroup of each ``--unit``), which the pre-flight gate exempts from "GPU busy".
 * ``wait``: blocks up to ``--timeout`` seconds; prints ``{"done", "rc", "progress", ...}`` (the
@@ -391,6 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     pids = sub.add_parser("pids", help="PIDs of this run's own processes (running stages, its server units)")
     pids.add_argument("--dir", type=Path, required=True, help="the run directory")
     pids.add_argument("--unit", action="append", default=[], help="a systemd unit of the run (repeat)")
+    many = sub.add_parser("statuses", help="the state of several stages of one run directory, as a JSON list")
+    many.add_argument("--dir", type=Path, required=True, help="the run directory")
+    many.add_argument(
+        "--stage", action="append", default=[], metavar="NAME=HASH", help="a stage and its inputs hash (repeat)"
+    )
     for name in ("status", "start", "wait", "_supervise"):
         p = sub.add_parser(name)
         p.add_argument("--dir", type=Path, required=True, help="the stage's run directory")
@@ -416,6 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.action == "pids":
         print(json.dumps(own_pids(args.dir.resolve(), args.unit)))
+        return 0
+    if args.action == "statuses":
+        asked = [spec.split("=", 1) for spec in args.stage]
+        if any(len(pair) != 2 for pair in asked):
+            parser.error("give each --stage as NAME=HASH")
+        print(json.dumps([status(Stage(args.dir.resolve(), name), digest) for name, digest in asked]))
         return 0
     stage = Stage(args.dir.resolve(), args.name)
     if args.action == "_supervise":

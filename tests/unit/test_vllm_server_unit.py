@@ -16,7 +16,7 @@ from tests.conftest import ROOT, load_module
 ROLE = ROOT / "roles/vllm_server"
 KIMI = ROOT / "inventory/kimi-k25-example/group_vars/all.yml"
 filters = load_module(ROOT / "plugins/filter/vllm_server.py")
-plan_filter = load_module(ROOT / "plugins/filter/eagle3_plan.py")
+plan = load_module(ROOT / "plugins/plugin_utils/plan.py")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -105,23 +105,12 @@ def test_kimi_exec_start_field_by_field() -> None:
 
 
 def test_kimi_hidden_state_server_passes_aux_layers_as_json() -> None:
-    """The server config the pipeline's plan derives (roles/eagle3/tasks/plan.yml) for the Kimi site."""
-    plan = load(ROOT / "roles/eagle3/tasks/plan.yml")
-    (decide,) = [t for t in plan if t["name"].startswith("Decide where a vLLM server is needed")]
-    facts = decide["ansible.builtin.set_fact"]
-    eagle3 = {
-        **load(ROOT / "roles/eagle3/defaults/main.yml"),
-        **load(KIMI),
-        **load(ROOT / "roles/eagle3/vars/main.yml"),
-    }
-    eagle3["eagle3_plan"] = pipeline_server_vars()["eagle3_plan"] | {
-        "captured_layers": plan_filter.captured_layers(plan_filter.settings_of(eagle3))
-    }
-    argv = exec_start(
-        **eagle3,
-        vllm_server_speculative_config=facts["eagle3_server_speculative_config"],
-        vllm_server_kv_transfer_config=facts["eagle3_server_kv_transfer_config"],
-    )
+    """The server config the pipeline's plan derives (plugin_utils/plan.py) for the Kimi site."""
+    site = {**load(ROOT / "roles/eagle3/defaults/main.yml"), **load(KIMI)}
+    templar = Templar(loader=DataLoader(), variables=site)
+    settings = {k: templar.template(site[k]) for k in plan.READ if k in site and k != "eagle3_record_dir"}
+    speculative, kv = plan.server_configs(settings | plan.settings_of(settings))
+    argv = exec_start(vllm_server_speculative_config=speculative, vllm_server_kv_transfer_config=kv)
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["method"] == "extract_hidden_states"
     # aux layers 2, 30, 58 and the last layer's output, 61

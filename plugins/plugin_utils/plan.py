@@ -1,9 +1,12 @@
-"""The pipeline's stages, computed in one place: their names, their inputs and the hash chain.
+"""The pipeline's plan, computed in one place: stage names, inputs, the hash chain, and each host's part.
 
-``roles/eagle3/tasks/plan.yml`` gives this filter every pipeline host's settings (its
-``eagle3_*`` variables) and the checksums of the files it reads, and gets back, for every host,
-the stages it runs with each stage's inputs and inputs hash. The stage files, ``train.yml`` and
-the records read that one result; nothing rebuilds a stage name or a hash in YAML.
+The action ``eagle3.pipeline.eagle3_plan`` (plugins/action/eagle3_plan.py) runs it in three steps
+on every host (roles/eagle3/tasks/plan.yml): ``inputs`` reads the host's settings (its ``eagle3_*``
+variables) and the checksums of the files it reads; ``stages`` gives every host's inputs to
+``stage_plan`` and asks the host which of its stages are complete (``host_plan``); ``settle``
+decides what depends on other hosts' answers (``settle``). The result is ``eagle3_plan``: the stage
+files, ``train.yml``, the records and ``jobs.driver`` (through the records) read it, and nothing
+rebuilds a stage name or a hash in YAML.
 
 The chain: ``generate-<rank>`` (one per generator) → ``gather`` (only when other generators'
 rows must be copied to the trainer) → ``prepare`` → ``extract`` → ``train`` (node 0;
@@ -152,7 +155,7 @@ def problems(s: dict[str, Any], generators: list[str], trainers: list[str]) -> l
     return out
 
 
-def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], trainers: list[str]) -> dict[str, Any]:
+def stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], trainers: list[str]) -> dict[str, Any]:
     """``hosts``: every pipeline host's ``{"settings": {eagle3_*: value}, "files": {checksums}}``.
 
     Returns ``{"problems": [...]}`` when the settings cannot make a run, else the plan:
@@ -263,24 +266,135 @@ def eagle3_stage_plan(hosts: dict[str, dict[str, Any]], generators: list[str], t
     }
 
 
-def eagle3_stage_status(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``jobs.stage status`` answers (a looped command's results) as a list; a stage whose status
-    was not asked (check mode on a host the jobs were never copied to) is to do."""
-    out = []
-    for res in results:
-        name = res["item"]["key"]
-        if res.get("skipped") or not res.get("stdout"):
-            out.append(
-                {"stage": name, "state": "todo", "reason": "never run on this host (the jobs are not installed)"}
-            )
-            continue
-        answer = json.loads(res["stdout"])
-        if answer.get("stage") != name:
-            raise PlanError(f"jobs.stage status for {name} answered for {answer.get('stage')!r}")
-        out.append(answer)
-    return out
+# What the plan reads of a host's settings beyond the stage inputs: where the jobs run, where the
+# records go, and how the host's server is named and configured.
+HOST = {
+    "eagle3_python": "str",
+    "eagle3_record_dir": "str",
+    "eagle3_server_name": "str",
+    "eagle3_server_port": "int",
+    "eagle3_hidden_states_dir": "str",
+    "eagle3_hidden_states_connector": "str",
+    "eagle3_hidden_states_connector_module": "str",
+}
+READ = tuple(INPUTS) + tuple(OTHER) + tuple(HOST)
 
 
-class FilterModule:
-    def filters(self) -> dict[str, Any]:
-        return {"eagle3_stage_plan": eagle3_stage_plan, "eagle3_stage_status": eagle3_stage_status}
+def input_files(
+    host: str, settings: dict[str, Any], generators: list[str], trainers: list[str]
+) -> dict[str, tuple[str, str]]:
+    """The files this host's stages read: checksum key -> (path, what to say when it is missing).
+    Every host loads the model; generators read the questions, the trainer the held-out prompts."""
+    files = {
+        "model_config_sha256": (
+            f"{settings.get('eagle3_target_model', '')}/config.json",
+            "does not exist (eagle3_target_model)",
+        )
+    }
+    if host in generators:
+        files["dataset_sha256"] = (
+            str(settings.get("eagle3_dataset", "")),
+            "does not exist or is unreadable (eagle3_dataset)",
+        )
+    if trainers and host == trainers[0]:
+        files["heldout_sha256"] = (str(settings.get("eagle3_heldout", "")), "does not exist (eagle3_heldout)")
+    return files
+
+
+def stage_states(stages: dict[str, Any], answer: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """``jobs.stage statuses``' answer for ``stages`` (name -> stage), checked; ``None`` (the jobs
+    are not installed on the host, as in a check run before the first install): every stage to do."""
+    if answer is None:
+        reason = "never run on this host (the jobs are not installed)"
+        return [{"stage": name, "state": "todo", "reason": reason} for name in stages]
+    asked = list(stages)
+    named = [a.get("stage") for a in answer]
+    if named != asked:
+        raise PlanError(f"jobs.stage statuses answered for {named}, asked for {asked}")
+    return answer
+
+
+def server_configs(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The generator's vLLM ``--speculative-config`` and ``--kv-transfer-config``: the server
+    writes the captured layers' hidden states of every request it serves (extract_hidden_states)."""
+    speculative = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": captured_layers(settings)}},
+    }
+    kv = {
+        "kv_connector": settings.get("eagle3_hidden_states_connector", "").strip(),
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": settings.get("eagle3_hidden_states_dir", "")},
+    }
+    module = settings.get("eagle3_hidden_states_connector_module", "").strip()
+    if module:
+        kv["kv_connector_module_path"] = module
+    return speculative, kv
+
+
+def host_plan(
+    run_plan: dict[str, Any],
+    host: str,
+    settings: dict[str, Any],
+    states: list[dict[str, Any]],
+    *,
+    jobs_installed: bool,
+    jobs_wheel: dict[str, Any],
+    server_active: bool,
+    server_started_by_pipeline: bool,
+) -> dict[str, Any]:
+    """This host's ``eagle3_plan``: its stages and their states, the run's shared facts, its server."""
+    s = settings_of(settings) | {k: coerce(k, settings[k], kind) for k, kind in HOST.items() if k in settings}
+    speculative, kv = server_configs(s)
+    shared = {k: v for k, v in run_plan.items() if k not in ("hosts", "problems")}
+    name = s.get("eagle3_server_name", "")
+    return {
+        **run_plan["hosts"][host],
+        **shared,
+        "todo": [st["stage"] for st in states if st["state"] != "complete"],
+        "status": states,
+        "run_dir": s.get("eagle3_run_dir", ""),
+        "python": s.get("eagle3_python", ""),
+        "record_dir": s.get("eagle3_record_dir", ""),
+        "hidden_states": s.get("eagle3_hidden_states", ""),
+        "hidden_states_dir": s.get("eagle3_hidden_states_dir", ""),
+        "jobs_installed": jobs_installed,
+        "jobs_wheel": jobs_wheel,
+        "server": {
+            "name": name,
+            "unit": f"vllm-{name}.service",
+            "port": s.get("eagle3_server_port", 0),
+            "model": s.get("eagle3_target_model", ""),
+            "served_model_name": s.get("eagle3_served_model_name", ""),
+            "speculative_config": speculative,
+            "kv_transfer_config": kv,
+            # settle() decides: does this run need this host's server?
+            "needed": False,
+        },
+        "server_active": server_active,
+        "server_started_by_pipeline": server_started_by_pipeline,
+    }
+
+
+def settle(plans: dict[str, dict[str, Any]], host: str) -> dict[str, Any]:
+    """``host``'s plan once every host has answered: the other trainers train when the first one
+    does (torchrun needs every node), and a generator needs its server when it generates, or, with
+    separate extraction, when it is the first generator and the trainer extracts."""
+    plan = dict(plans[host])
+    first = plans[plan["trainer"]]
+    todo = list(plan["todo"])
+    if plan["node_rank"] > 0 and "train" in first["todo"] and plan["train_stage"] not in todo:
+        todo.append(plan["train_stage"])
+    generators = plan["generators"]
+    needed = host in generators and (
+        plan["generate_stage"] in todo
+        or (plan["hidden_states"] == "separate" and host == generators[0] and "extract" in first["todo"])
+    )
+    return plan | {"todo": todo, "server": plan["server"] | {"needed": needed}}
+
+
+def report(host: str, plan: dict[str, Any], check_mode: bool) -> str:
+    if not plan["todo"]:
+        return f"{host}: nothing to do, every stage is complete"
+    return f"{host}: {'would run' if check_mode else 'to run'}: {', '.join(plan['todo'])}"
