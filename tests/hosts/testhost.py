@@ -106,11 +106,26 @@ def wheelhouse(requirements: list[str]) -> Path:
 
 def inventory_pins(inventory: Path) -> list[str]:
     """What an inventory's hosts pip-install into vLLM's venv (``vllm_server_package`` and
-    ``vllm_server_extra_packages`` of its group_vars/all.yml): the pins' one home for test hosts."""
-    import yaml
+    ``vllm_server_extra_packages``: its group_vars/all.yml over roles/vllm_server's defaults),
+    rendered as Ansible renders them: the values read the collection's pins (the lookup
+    eagle3.pipeline.pins, pyproject.toml's extras)."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import init_plugin_loader
+    from ansible.template import Templar
 
-    settings = yaml.safe_load((inventory / "group_vars" / "all.yml").read_text())
-    return [settings["vllm_server_package"], *settings.get("vllm_server_extra_packages", [])]
+    root = Path(__file__).resolve().parents[2]
+    if not any(type(f).__name__ == "_AnsibleCollectionFinder" for f in sys.meta_path):
+        init_plugin_loader([str(root / "collections")])  # the checkout as the collection eagle3.pipeline
+    loader = DataLoader()
+    settings = {
+        **loader.load_from_file(str(root / "roles/vllm_server/defaults/main.yml"), trusted_as_template=True),
+        **(loader.load_from_file(str(inventory / "group_vars" / "all.yml"), trusted_as_template=True) or {}),
+    }
+    templar = Templar(loader=loader, variables=settings)
+    return [
+        templar.template(settings["vllm_server_package"]),
+        *templar.template(settings["vllm_server_extra_packages"]),
+    ]
 
 
 def platform_wheelhouse(spec: str | list[str], root: Path) -> Path:
