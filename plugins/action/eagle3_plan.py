@@ -10,7 +10,7 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.eagle3.pipeline.plugins.plugin_utils import plan
 
 SPEC = {
-    "step": {"type": "str", "required": True, "choices": ["inputs", "stages", "settle"]},
+    "step": {"type": "str", "required": True, "choices": ["inputs", "check", "stages", "settle"]},
     "inputs_var": {"type": "str", "default": "eagle3__inputs"},
     "plan_var": {"type": "str", "default": "eagle3_plan"},
     "jobs_wheel": {"type": "dict", "default": {}},
@@ -31,6 +31,8 @@ class ActionModule(ActionBase):
         try:
             if args["step"] == "inputs":
                 result["host"] = self._inputs(host, task_vars)
+            elif args["step"] == "check":
+                self._run_plan(args, task_vars)
             elif args["step"] == "stages":
                 result["plan"] = self._stages(host, args, task_vars)
             else:
@@ -72,16 +74,24 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail(f"{host}: {'; '.join(missing)}")
         return {"settings": settings, "files": files}
 
-    def _stages(self, host: str, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+    def _run_plan(self, args: dict[str, Any], task_vars: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The whole run's plan from every host's inputs step, and those inputs; every problem named."""
         hostvars = task_vars["hostvars"]
         inputs = {}
         for h in self._pipeline_hosts(task_vars):
             answer = hostvars[h].get(args["inputs_var"]) or {}
             if "host" in answer:
                 inputs[h] = answer["host"]
-        run_plan = plan.stage_plan(inputs, self._generators, self._trainers)
+        try:
+            run_plan = plan.stage_plan(inputs, self._generators, self._trainers)
+        except plan.PlanError as err:
+            raise AnsibleActionFail(f"Cannot run the pipeline: {err}") from err
         if run_plan["problems"]:
             raise AnsibleActionFail(f"Cannot run the pipeline: {'; '.join(run_plan['problems'])}")
+        return run_plan, inputs
+
+    def _stages(self, host: str, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        run_plan, inputs = self._run_plan(args, task_vars)
         settings = inputs[host]["settings"]
         stages = run_plan["hosts"][host]["stages"]
         answer = self._ask_states(settings, stages, task_vars)

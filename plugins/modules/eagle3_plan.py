@@ -11,13 +11,15 @@ description:
   - Computes, in one place, every stage of the run (C(generate-<rank>), C(gather), C(prepare),
     C(extract), C(train), C(train-node-<r>), C(validate)), each stage's inputs and the hash chain
     that makes a changed input rerun its stage and every stage after it, and nothing before.
-  - Runs in three steps, each on every host of the play after every host has finished the one before.
+  - Runs in four steps, each on every host of the play after every host has finished the one before.
   - C(inputs) reads the host's C(eagle3_*) settings as the host sees them (inventory, extra vars,
     the role's defaults) and the sha256 of the files its stages read (the target's C(config.json);
     the questions on a generator; the held-out prompts on the first trainer). A missing file stops
     the run with a line naming the host, the path and the setting.
-  - C(stages) plans the whole run from every host's inputs (a setting of the wrong type, or an
-    inventory without C(generators) or C(trainers), stops it with every problem named), then asks
+  - C(check) plans the whole run from every host's inputs and stops it, with every problem named,
+    when the settings cannot make one (a setting of the wrong type or missing, aux layers out of
+    range, an inventory without C(generators) or C(trainers)): before anything is built or installed.
+  - C(stages) plans the whole run again (the same result) and asks
     the host, with one C(jobs.stage statuses) in C(eagle3_python), which of its stages are complete
     for their inputs hash, whether its server unit is active, and whether a pipeline run started
     it. Where that Python or the jobs are not installed yet, every stage is to do.
@@ -30,9 +32,9 @@ options:
     description: Which step to run.
     type: str
     required: true
-    choices: [inputs, stages, settle]
+    choices: [inputs, check, stages, settle]
   inputs_var:
-    description: The variable every host registered its C(inputs) step in (read by C(stages)).
+    description: The variable every host registered its C(inputs) step in (read by C(check) and C(stages)).
     type: str
     default: eagle3__inputs
   plan_var:

@@ -1,9 +1,10 @@
 """The pipeline's plan, computed in one place: stage names, inputs, the hash chain, and each host's part.
 
-The action ``eagle3.pipeline.eagle3_plan`` (plugins/action/eagle3_plan.py) runs it in three steps
+The action ``eagle3.pipeline.eagle3_plan`` (plugins/action/eagle3_plan.py) runs it in four steps
 on every host (roles/eagle3/tasks/plan.yml): ``inputs`` reads the host's settings (its ``eagle3_*``
-variables) and the checksums of the files it reads; ``stages`` gives every host's inputs to
-``stage_plan`` and asks the host which of its stages are complete (``host_plan``); ``settle``
+variables) and the checksums of the files it reads; ``check`` gives every host's inputs to
+``stage_plan`` and stops the run on any problem, before anything is built or installed; ``stages``
+plans again and asks the host which of its stages are complete (``host_plan``); ``settle``
 decides what depends on other hosts' answers (``settle``). The result is ``eagle3_plan``: the stage
 files, ``train.yml``, the records and ``jobs.driver`` (through the records) read it, and nothing
 rebuilds a stage name or a hash in YAML.

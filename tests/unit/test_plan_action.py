@@ -17,6 +17,7 @@ ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 
 STEPS: list[dict[str, Any]] = [
     {"name": "inputs", "eagle3.pipeline.eagle3_plan": {"step": "inputs"}, "register": "eagle3__inputs"},
+    {"name": "check", "eagle3.pipeline.eagle3_plan": {"step": "check"}},
     {
         "name": "stages",
         "eagle3.pipeline.eagle3_plan": {"step": "stages", "jobs_wheel": {"sha256": "w"}},
@@ -54,11 +55,11 @@ def settings(tmp: Path) -> dict[str, Any]:
     }
 
 
-def run_plan(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def run_plan(tmp: Path, *extra: str, **changes: Any) -> subprocess.CompletedProcess[str]:
     host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     inventory = {
         "all": {
-            "vars": settings(tmp) | {"out": str(tmp / "out")},
+            "vars": settings(tmp) | {"out": str(tmp / "out")} | changes,
             "children": {
                 "generators": {
                     "hosts": {
@@ -126,3 +127,14 @@ def test_a_missing_input_stops_the_plan_naming_the_host_and_the_setting(tmp_path
     assert run.returncode != 0
     assert f"a: {tmp_path}/heldout.jsonl does not exist (eagle3_heldout)" in run.stdout, run.stdout
     assert not (tmp_path / "out/b.json").exists()
+
+
+def test_settings_that_cannot_make_a_run_stop_it_at_the_check_step(tmp_path: Path) -> None:
+    make_inputs(tmp_path)
+    run = run_plan(tmp_path, eagle3_generate_max_tokens="lots", eagle3_aux_layer_ids=[1, 9])
+    assert run.returncode != 0
+    assert "TASK [stages]" not in run.stdout, run.stdout
+    assert "Cannot run the pipeline: eagle3_generate_max_tokens='lots' is not a valid int" in run.stdout, run.stdout
+    run = run_plan(tmp_path, eagle3_aux_layer_ids=[1, 9])
+    assert run.returncode != 0 and "TASK [stages]" not in run.stdout
+    assert "Cannot run the pipeline: eagle3_aux_layer_ids must list distinct layers below" in run.stdout, run.stdout
