@@ -18,7 +18,7 @@ description:
     the run with a line naming the host, the path and the setting.
   - C(check) plans the whole run from every host's inputs and stops it, with every problem named,
     when the settings cannot make one (a setting of the wrong type or missing, aux layers out of
-    range, an inventory without C(generators) or C(trainers)): before anything is built or installed.
+    range, an inventory without C(generators) or C(trainers)), before anything is built or installed.
   - C(stages) plans the whole run again (the same result) and asks
     the host, with one C(jobs.stage statuses) in C(eagle3_python), which of its stages are complete
     for their inputs hash, whether its server unit is active, and whether a pipeline run started
