@@ -95,13 +95,13 @@ class ActionModule(ActionBase):
         settings = inputs[host]["settings"]
         stages = run_plan["hosts"][host]["stages"]
         answer = self._ask_states(settings, stages, task_vars)
-        unit = f"vllm-{settings.get('eagle3_server_name', '')}.service"
+        unit = plan.server_unit(settings.get("eagle3_server_name", ""))
         active = self._module(
             "ansible.builtin.command",
             {"argv": ["systemctl", "show", "--property=ActiveState", "--value", unit]},
             task_vars,
         )
-        marker = self._stat(f"{settings.get('eagle3_run_dir', '')}/.stages/server-started-{host}", task_vars)
+        marker = self._stat(plan.server_marker(settings.get("eagle3_run_dir", ""), host), task_vars)
         return plan.host_plan(
             run_plan,
             host,

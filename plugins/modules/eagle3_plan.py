@@ -86,7 +86,7 @@ plan:
       C(kind), C(inputs), C(hash), C(after)), C(todo), C(status), C(trainer), C(generators),
       C(trainers), C(rows_files), C(captured_layers), C(run_dir), C(python), C(record_dir),
       C(hidden_states_dir), C(jobs_installed), C(jobs_wheel) and C(server).
-    - C(server) holds C(name), C(unit), C(port), C(model), C(served_model_name),
+    - C(server) holds C(name), C(unit), C(marker) (the file a pipeline run that started it writes), C(port), C(model), C(served_model_name),
       C(speculative_config), C(kv_transfer_config) and C(needed).
   type: dict
   returned: step is stages or settle

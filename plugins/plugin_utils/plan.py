@@ -101,7 +101,8 @@ def coerce(name: str, value: Any, kind: str) -> Any:
 
 
 def settings_of(raw: dict[str, Any]) -> dict[str, Any]:
-    known = INPUTS | {k: ("", v) for k, v in OTHER.items()}
+    """Every setting the plan reads (``READ``), each as its type."""
+    known = INPUTS | {k: ("", v) for k, v in (OTHER | HOST).items()}
     return {name: coerce(name, raw[name], kind) for name, (_, kind) in known.items() if name in raw}
 
 
@@ -315,6 +316,16 @@ def stage_states(stages: dict[str, Any], answer: list[dict[str, Any]] | None) ->
     return answer
 
 
+def server_unit(name: str) -> str:
+    """roles/vllm_server's unit for the server named ``name``."""
+    return f"vllm-{name}.service"
+
+
+def server_marker(run_dir: str, host: str) -> str:
+    """The file that says a pipeline run started ``host``'s server (and left it running, if a run failed)."""
+    return f"{run_dir}/.stages/server-started-{host}"
+
+
 def server_configs(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The generator's vLLM ``--speculative-config`` and ``--kv-transfer-config``: the server
     writes the captured layers' hidden states of every request it serves (extract_hidden_states)."""
@@ -346,7 +357,7 @@ def host_plan(
     server_started_by_pipeline: bool,
 ) -> dict[str, Any]:
     """This host's ``eagle3_plan``: its stages and their states, the run's shared facts, its server."""
-    s = settings_of(settings) | {k: coerce(k, settings[k], kind) for k, kind in HOST.items() if k in settings}
+    s = settings_of(settings)
     speculative, kv = server_configs(s)
     shared = {k: v for k, v in run_plan.items() if k not in ("hosts", "problems")}
     name = s.get("eagle3_server_name", "")
@@ -364,7 +375,9 @@ def host_plan(
         "jobs_wheel": jobs_wheel,
         "server": {
             "name": name,
-            "unit": f"vllm-{name}.service",
+            "unit": server_unit(name),
+            # Written when a pipeline run starts the server, removed when it stops it.
+            "marker": server_marker(s.get("eagle3_run_dir", ""), host),
             "port": s.get("eagle3_server_port", 0),
             "model": s.get("eagle3_target_model", ""),
             "served_model_name": s.get("eagle3_served_model_name", ""),

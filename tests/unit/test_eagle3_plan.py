@@ -266,7 +266,7 @@ def test_the_fp8_connector_names_its_module() -> None:
         "eagle3_hidden_states_connector": " FP8HiddenStatesConnector",
         "eagle3_hidden_states_connector_module": "hs_connectors.fp8_hidden_states_connector",
     }
-    _, kv = plan.server_configs(plan.settings_of(settings) | settings)
+    _, kv = plan.server_configs(plan.settings_of(settings))
     assert kv["kv_connector"] == "FP8HiddenStatesConnector"
     assert kv["kv_connector_module_path"] == "hs_connectors.fp8_hidden_states_connector"
 

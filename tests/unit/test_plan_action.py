@@ -96,6 +96,7 @@ def test_the_plan_action_plans_both_hosts_and_sees_a_complete_stage(tmp_path: Pa
     assert a["plan"]["todo"] == ["generate-0", "gather", "prepare", "extract", "train", "validate"]
     assert b["plan"]["todo"] == ["generate-1"] and b["msg"] == "b: to run: generate-1"
     assert a["plan"]["jobs_installed"] and a["plan"]["server_active"] is False
+    assert a["plan"]["server"]["marker"] == f"{tmp_path}/run-a/.stages/server-started-a"
     assert [a["plan"]["server"]["needed"], b["plan"]["server"]["needed"]] == [True, True]
 
     # Complete b's generation with a real marker (jobs.stage start of a job that writes its output).

@@ -109,7 +109,7 @@ def test_kimi_hidden_state_server_passes_aux_layers_as_json() -> None:
     site = {**load(ROOT / "roles/eagle3/defaults/main.yml"), **load(KIMI)}
     templar = Templar(loader=DataLoader(), variables=site)
     settings = {k: templar.template(site[k]) for k in plan.READ if k in site and k != "eagle3_record_dir"}
-    speculative, kv = plan.server_configs(settings | plan.settings_of(settings))
+    speculative, kv = plan.server_configs(plan.settings_of(settings))
     argv = exec_start(vllm_server_speculative_config=speculative, vllm_server_kv_transfer_config=kv)
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["method"] == "extract_hidden_states"
