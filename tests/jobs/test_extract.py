@@ -156,8 +156,8 @@ def fp8_hs_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     saved in pieces (vllm-project/vllm#43805 moved the save to ``get_finished``, once per
     request). vLLM 0.32.0 has the new flow; the test below checks that this server's chunked
     capture holds the states the unchunked bf16 server (``hs_server``, itself checked against a
-    transformers forward pass) captures for the same tokens. One server for both conditions: a
-    server start is a third of this test's time."""
+    transformers forward pass) captures for the same tokens. One server for both conditions
+    instead of a server of its own for chunked prefill (one vLLM start fewer in tests/jobs)."""
     work = tmp_path_factory.mktemp("fp8-hs-server")
     args, env = cpu_hidden_states_server(CAPTURED_LAYER_IDS, work / "states", dtype="fp8")
     chunked = ["--enable-chunked-prefill", "--max-num-batched-tokens", "16", "--max-num-seqs", "8"]
