@@ -105,8 +105,9 @@ def wheelhouse(requirements: list[str]) -> Path:
 
 
 def inventory_pins(inventory: Path) -> list[str]:
-    """What an inventory's hosts pip-install into vLLM's venv (``vllm_server_package`` and
-    ``vllm_server_extra_packages``: its group_vars/all.yml over roles/vllm_server's defaults),
+    """What an inventory's hosts install into vLLM's venv (``vllm_server_package``,
+    ``vllm_server_extra_packages`` and, with the uv installer, ``vllm_server_uv_package``: its
+    group_vars/all.yml over roles/vllm_server's defaults),
     rendered as Ansible renders them: the values read the collection's pins (the lookup
     eagle3.pipeline.pins, pyproject.toml's extras)."""
     from ansible.parsing.dataloader import DataLoader
@@ -122,9 +123,11 @@ def inventory_pins(inventory: Path) -> list[str]:
         **(loader.load_from_file(str(inventory / "group_vars" / "all.yml"), trusted_as_template=True) or {}),
     }
     templar = Templar(loader=loader, variables=settings)
+    installer = templar.template(settings["vllm_server_installer"])
     return [
         templar.template(settings["vllm_server_package"]),
         *templar.template(settings["vllm_server_extra_packages"]),
+        *([templar.template(settings["vllm_server_uv_package"])] if installer == "uv" else []),
     ]
 
 

