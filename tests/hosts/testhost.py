@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -266,18 +267,23 @@ def up(name: str, bind_ro: list[str] = (), bind: list[str] = ()) -> dict[str, An
     sys.exit(f"testhost: {name} did not answer SSH within {BOOT_TIMEOUT_S} s; see {home / 'console.log'}")
 
 
+def _power_off(info: dict[str, Any]) -> None:
+    """Ask one host's systemd to power off (nspawn passes SIGTERM on)."""
+    if alive(info["pid"]):
+        os.kill(info["pid"], signal.SIGTERM)
+
+
 def _down(name: str, info: dict[str, Any]) -> list[str]:
-    """Stop one host and remove everything it made; return what could not be removed."""
+    """Wait for one host to stop (``_power_off`` asked it) and remove everything it made; return
+    what could not be removed."""
     pid = info["pid"]
-    if alive(pid):
-        os.kill(pid, signal.SIGTERM)  # nspawn asks the container's systemd to power off
-        for _ in range(60):
-            if not alive(pid):
-                break
-            time.sleep(0.5)
-        else:
-            os.killpg(pid, signal.SIGKILL)
-            time.sleep(1)
+    for _ in range(60):
+        if not alive(pid):
+            break
+        time.sleep(0.5)
+    else:
+        os.killpg(pid, signal.SIGKILL)
+        time.sleep(1)
     with suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
     run("ip", "netns", "del", info["netns"], check=False)
@@ -317,8 +323,14 @@ def down(names: list[str]) -> int:
         for name in names:
             if name not in known:
                 LOG.info("%s: not running", name)
-                continue
-            left = _down(name, known[name])
+        stopping = [name for name in names if name in known]
+        for name in stopping:
+            _power_off(known[name])
+        # All at once: the hosts power off together, and their rootfs (8 GB with vLLM's venv)
+        # are removed side by side (two 3.8 GB venvs: 9 s against 14.5 s one after the other here).
+        with ThreadPoolExecutor(max_workers=max(1, len(stopping))) as pool:
+            results = dict(zip(stopping, pool.map(lambda n: _down(n, known[n]), stopping), strict=True))
+        for name, left in results.items():
             if left:
                 failed = True
                 LOG.error("%s: left behind: %s", name, "; ".join(left))
