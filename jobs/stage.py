@@ -109,13 +109,31 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def pid_alive(pid_file: Path) -> bool:
+def pid_alive(pid_file: Path, proc: Path = Path("/proc"), settle_s: float = 2.0) -> bool:
+    """The pid in ``pid_file`` is a live ``jobs.stage`` process (not a zombie, not another program
+    that took the pid after a reboot).
+
+    A process that is still inside exec shows an empty cmdline for a moment: Popen returns as soon
+    as exec has closed the inherited pipe, before the kernel has put the new arguments in place, so
+    ``wait`` called right after ``start`` could read its supervisor as gone (CI saw rc -1 for a stage
+    that went on to finish). An empty cmdline of a process that is not a zombie is asked again until
+    ``settle_s``; only a kernel thread stays empty that long."""
     try:
         pid = int(pid_file.read_text())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (OSError, ValueError):
         return False
-    return b"jobs.stage" in cmdline
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            state = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = (proc / str(pid) / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            return False
+        if state in ("Z", "X"):
+            return False
+        if cmdline or time.monotonic() >= deadline:
+            return b"jobs.stage" in cmdline
+        time.sleep(0.01)
 
 
 def marker_problem(stage: Stage, inputs_hash: str) -> str | None:
@@ -252,14 +270,15 @@ def start(
         )
         with stage.file("log").open("a") as log:
             log.write(f"== {time.strftime('%Y-%m-%dT%H:%M:%S')} stage {stage.name}: {how}\n")
-    supervisor = subprocess.Popen(
-        [sys.executable, "-m", "jobs.stage", "_supervise", "--dir", str(stage.dir), "--name", stage.name],
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=Path(__file__).resolve().parents[1],
-    )
+    with stage.file("log").open("ab") as supervisor_log:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "jobs.stage", "_supervise", "--dir", str(stage.dir), "--name", stage.name],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=supervisor_log,  # a supervisor that crashes says why in the stage's log
+            cwd=Path(__file__).resolve().parents[1],
+        )
     write_atomic(stage.file("pid"), f"{supervisor.pid}\n")
     return {**current, "state": "running", "started": True, "pid": supervisor.pid, "resumed": not changed,
             "discarded": discarded}  # fmt: skip
@@ -272,7 +291,11 @@ def supervise(stage: Stage) -> int:
     with stage.file("log").open("ab") as log:
         log.write(f"== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(request['command'])}\n".encode())
         log.flush()
-        rc = subprocess.run(request["command"], stdin=subprocess.DEVNULL, stdout=log, stderr=log).returncode
+        try:
+            rc = subprocess.run(request["command"], stdin=subprocess.DEVNULL, stdout=log, stderr=log).returncode
+        except OSError as err:  # not there, not executable: the stage failed, and says why
+            log.write(f"stage {stage.name}: cannot run {request['command'][0]}: {err}\n".encode())
+            rc = 127
     if rc == 0:
         try:
             marker = {

@@ -34,7 +34,7 @@ def test_complete_then_skipped_then_rerun_on_changed_inputs(tmp_path: Path) -> N
     assert st.status(stage, "h1") == {"stage": "gen", "state": "todo", "reason": "no completion marker"}
     first = run(stage, "h1", out)
     assert first["start"]["started"] is True
-    assert first["wait"]["done"] and first["wait"]["rc"] == 0 and first["wait"]["summary"] == {"rows": 3}
+    assert first["wait"]["done"] and first["wait"]["rc"] == 0 and first["wait"]["summary"] == {"rows": 3}, first
     marker = json.loads(stage.marker.read_text())
     assert [Path(o["path"]).name for o in marker["outputs"]] == ["a.txt", "summary.json"]
     assert marker["outputs"][0]["size"] == 10 and len(marker["outputs"][0]["sha256"]) == 64
@@ -230,3 +230,52 @@ def test_wait_reads_the_rc_of_a_stage_that_exits_between_its_two_checks(
 
     monkeypatch.setattr(st, "pid_alive", exits_now)
     assert st.wait(stage, timeout=5, poll=0.01)["rc"] == 0
+
+
+def fake_proc(root: Path, pid: int, state: str, cmdline: bytes) -> Path:
+    """A /proc entry as the kernel shows it (a real exec is too brief to catch on purpose)."""
+    (root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / str(pid) / "stat").write_text(f"{pid} (python (x)) {state} 1 {pid} {pid} 0 -1\n")
+    (root / str(pid) / "cmdline").write_bytes(cmdline)
+    return root
+
+
+def test_a_supervisor_still_inside_exec_is_alive_once_its_arguments_appear(tmp_path: Path) -> None:
+    import threading
+
+    pid_file = tmp_path / "gen.pid"
+    pid_file.write_text("4242\n")
+    proc = fake_proc(tmp_path / "proc", 4242, "R", b"")  # exec has not placed the arguments yet
+    threading.Timer(
+        0.2, lambda: (proc / "4242" / "cmdline").write_bytes(b"python\0-m\0jobs.stage\0_supervise\0")
+    ).start()
+    assert st.pid_alive(pid_file, proc=proc, settle_s=5) is True
+
+
+def test_a_zombie_or_a_process_that_stays_without_arguments_is_not_a_supervisor(tmp_path: Path) -> None:
+    pid_file = tmp_path / "gen.pid"
+    pid_file.write_text("4242\n")
+    assert st.pid_alive(pid_file, proc=fake_proc(tmp_path / "a", 4242, "S", b""), settle_s=0.1) is False
+    assert st.pid_alive(pid_file, proc=fake_proc(tmp_path / "b", 4242, "S", b"bash\0"), settle_s=5) is False
+
+    # A real zombie: a child that exited and was not reaped; its cmdline named jobs.stage while it ran.
+    import subprocess
+
+    child = subprocess.Popen([PY, "-c", "pass", "jobs.stage"])
+    pid_file.write_text(f"{child.pid}\n")
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert st.pid_alive(pid_file) is False
+    child.wait()
+    assert st.pid_alive(pid_file) is False  # reaped: no /proc entry at all
+
+
+def test_a_command_that_cannot_be_started_fails_the_stage_with_the_reason(tmp_path: Path) -> None:
+    stage = st.Stage(tmp_path, "gen")
+    st.start(stage, "h", [str(tmp_path / "no-such-program")], [tmp_path / "o"], None)
+    result = st.wait(stage, timeout=60)
+    assert result["rc"] == 127, result
+    assert "no-such-program" in result["log_tail"] and "No such file" in result["log_tail"]
+    assert not stage.marker.exists()
