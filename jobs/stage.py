@@ -109,6 +109,12 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def stat_fields(stat: Path) -> list[str]:
+    """The fields of a ``/proc/<pid>/stat`` after the command name (state first, then the parent
+    pid...). The name is in parentheses and may itself hold ``)``, hence the last one."""
+    return stat.read_text().rsplit(")", 1)[1].split()
+
+
 def pid_alive(pid_file: Path, proc: Path = Path("/proc"), settle_s: float = 2.0) -> bool:
     """The pid in ``pid_file`` is a live ``jobs.stage`` process (not a zombie, not another program
     that took the pid after a reboot).
@@ -125,7 +131,7 @@ def pid_alive(pid_file: Path, proc: Path = Path("/proc"), settle_s: float = 2.0)
     deadline = time.monotonic() + settle_s
     while True:
         try:
-            state = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = stat_fields(proc / str(pid) / "stat")[0]
             cmdline = (proc / str(pid) / "cmdline").read_bytes()
         except (OSError, IndexError):
             return False
@@ -361,10 +367,9 @@ def descendants(roots: set[int]) -> set[int]:
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            text = stat.read_text()
+            ppid = int(stat_fields(stat)[1])
         except OSError:
             continue
-        ppid = int(text.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(stat.parent.name))
     found, todo = set(), list(roots)
     while todo:
