@@ -17,7 +17,7 @@ host=${DEMO_HOST:-e3-demo}
 work=${EAGLE3_DEMO_DIR:-$PWD/runs/demo}
 mkdir -p "$work"
 
-python -m tests.support.tiny_model --out "$work/tiny" --prompts "$work/data"
+python -m tests.support.tiny_model --out "$work/tiny" --prompts "$work/data" --train-prompts all
 # The test host has no route to a package index: it installs vLLM and speculators from this wheelhouse.
 wheelhouse=$(python tests/hosts/testhost.py wheelhouse --inventory inventory/tiny)
 

@@ -241,14 +241,15 @@ def install_trained(out: Path, artifact: Path = TRAINED) -> Path:
 
 
 def write_trained_prompts(
-    out: Path, train: int = 200, heldout: int = 32, artifact: Path = TRAINED
+    out: Path, train: int | None = 200, heldout: int = 32, artifact: Path = TRAINED
 ) -> tuple[Path, Path]:
-    """The first ``train`` questions of the artifact's generation pool and the first ``heldout``
-    of its disjoint held-out pool, as ``train.jsonl`` and ``heldout.jsonl``."""
+    """The first ``train`` questions of the artifact's generation pool (``None``: all of them) and
+    the first ``heldout`` of its disjoint held-out pool, as ``train.jsonl`` and ``heldout.jsonl``."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, pool, count in (("train", "generation", train), ("heldout", "heldout", heldout)):
         rows = (artifact / f"{pool}.jsonl").read_text().splitlines(keepends=True)
+        count = len(rows) if count is None else count
         if count > len(rows):
             raise SystemExit(f"{artifact / pool}.jsonl has {len(rows)} questions, {count} were asked for")
         path = out / f"{name}.jsonl"
@@ -271,6 +272,11 @@ def write_prompts(out: Path, train: int = 200, heldout: int = 16, seed: int = 11
     return paths[0], paths[1]
 
 
+def prompt_count(text: str) -> int | None:
+    """``--train-prompts``: a number, or ``all`` (``None``)."""
+    return None if text == "all" else int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="directory to write the model into")
@@ -279,9 +285,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4, help="random only")
     parser.add_argument("--seed", type=int, default=0, help="random only")
     parser.add_argument("--prompts", type=Path, help="also write train.jsonl and heldout.jsonl questions here")
-    parser.add_argument("--train-prompts", type=int, default=200)
+    parser.add_argument(
+        "--train-prompts",
+        type=prompt_count,
+        default=200,
+        help="default: 200; `all`: the trained target's whole generation pool",
+    )
     parser.add_argument("--heldout-prompts", type=int, help="default: 32 (trained), 16 (random)")
     args = parser.parse_args(argv)
+    if args.kind == "random" and args.train_prompts is None:
+        parser.error("--train-prompts all needs --kind trained (the random target's questions have no pool)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.kind == "trained":
         install_trained(args.out)

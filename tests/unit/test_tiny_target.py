@@ -108,6 +108,17 @@ def test_trained_prompts_come_from_the_disjoint_pools(tmp_path: Path) -> None:
         tiny_model.write_trained_prompts(tmp_path, train=100000)
 
 
+def test_all_trained_prompts_is_the_whole_generation_pool(tmp_path: Path) -> None:
+    questions = tmp_path / "q"
+    assert tiny_model.main(["--out", str(tmp_path / "m"), "--prompts", str(questions), "--train-prompts", "all"]) == 0
+    pool = (tiny_model.TRAINED / "generation.jsonl").read_text().splitlines()
+    assert (questions / "train.jsonl").read_text().splitlines() == pool
+    random = ["--kind", "random", "--out", str(tmp_path / "r"), "--prompts", str(tmp_path / "rq")]
+    with pytest.raises(SystemExit):  # the random target has no pool to take all of
+        tiny_model.main([*random, "--train-prompts", "all"])
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize("module", [tiny_corpus, tiny_pretrain, tiny_model])
 def test_cli_help(module, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
