@@ -3,7 +3,7 @@
 Three steps, so that the GPU step needs only torch, transformers and safetensors:
 
     python -m tests.support.tiny_pretrain prepare --out /tmp/pre        # tokenizer, config, tokens.pt (here)
-    python -m tests.support.tiny_pretrain train --dir /tmp/pre          # model.safetensors (GPU: ~80 s on an H100)
+    python -m tests.support.tiny_pretrain train --dir /tmp/pre          # model.safetensors (GPU: ~15 s on an H100)
     python -m tests.support.tiny_pretrain package --dir /tmp/pre --out models/tiny-python   # the committed artifact
 
 ``prepare`` trains the BPE tokenizer on the samples (chat template with ``<think>``), renders
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", type=Path, help="where the samples and question pools go (default: OUT/corpus)")
     t = sub.add_parser("train", help="train the model on DIR/tokens.pt, write DIR/model.safetensors")
     t.add_argument("--dir", type=Path, required=True)
-    t.add_argument("--steps", type=int, default=4000)
+    t.add_argument("--steps", type=int, default=800)
     t.add_argument("--batch", type=int, default=64)
     t.add_argument("--seq", type=int, default=512)
     t.add_argument("--lr", type=float, default=2e-3)
