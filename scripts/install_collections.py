@@ -47,9 +47,14 @@ def in_range(version: str, wanted: str) -> bool:
     return wanted == "*" or Version(version) in SpecifierSet(wanted.replace(" ", ""))
 
 
+def manifest_version(manifest: bytes | str) -> str:
+    """The version a collection's ``MANIFEST.json`` names."""
+    return json.loads(manifest)["collection_info"]["version"]
+
+
 def installed_version(path: Path) -> str | None:
     manifest = path / "MANIFEST.json"
-    return json.loads(manifest.read_text())["collection_info"]["version"] if manifest.exists() else None
+    return manifest_version(manifest.read_text()) if manifest.exists() else None
 
 
 def download(pin: str, into: Path) -> Path:
@@ -70,7 +75,7 @@ def install(wheel: Path, wanted: dict[str, str], collections: Path) -> dict[str,
             members = [m for m in z.namelist() if m.startswith(prefix)]
             if not members:
                 raise SystemExit(f"{wheel.name} does not bundle {name}: install it with ansible-galaxy instead")
-            version = json.loads(z.read(prefix + "MANIFEST.json"))["collection_info"]["version"]
+            version = manifest_version(z.read(prefix + "MANIFEST.json"))
             if not in_range(version, version_range):
                 raise SystemExit(
                     f"{wheel.name} bundles {name} {version}, requirements.yml asks for {version_range}: "

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("repetition", Path(__file__).parents[2] / "bench" / "repetition.py")
-assert SPEC and SPEC.loader
-repetition = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(repetition)
+from tests.conftest import ROOT, load_module
+
+repetition = load_module(ROOT / "bench" / "repetition.py")
 
 
 def rows(path: Path, *completions: tuple[list[int], str]) -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import zipfile
 from pathlib import Path
@@ -10,11 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).parents[2]
-SPEC = importlib.util.spec_from_file_location("install_collections", ROOT / "scripts" / "install_collections.py")
-assert SPEC and SPEC.loader
-install_collections = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(install_collections)
+from tests.conftest import ROOT, load_module
+
+install_collections = load_module(ROOT / "scripts" / "install_collections.py")
 
 
 def wheel(path: Path, version: str) -> Path:
